@@ -1,0 +1,47 @@
+// Allocator: where tensor bytes come from, with per-device accounting.
+//
+// Every device (cpu:i as well as cuda:i) has one allocator, and every allocator keeps the
+// same statistics, so a test or a pipeline benchmark can assert "stage 2 peaked at N
+// bytes" whatever the device. The CUDA backend registers its allocator factory at start
+// up; core/ knows nothing of CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "core/device.h"
+
+namespace weft {
+
+struct AllocatorStats {
+  int64_t bytes_in_use = 0;       // bytes handed out and not yet returned
+  int64_t peak_bytes_in_use = 0;  // max of bytes_in_use since start or reset_peak()
+  int64_t bytes_reserved = 0;     // bytes held from the system (>= in use for caching allocators)
+  int64_t num_allocations = 0;    // allocations live now
+  int64_t total_allocations = 0;  // allocations ever made
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns memory aligned to at least 64 bytes; nbytes == 0 returns nullptr.
+  virtual void* allocate(size_t nbytes) = 0;
+  virtual void deallocate(void* ptr, size_t nbytes) noexcept = 0;
+  virtual AllocatorStats stats() const = 0;
+  virtual void reset_peak() = 0;
+  virtual Device device() const = 0;
+};
+
+// The allocator of a logical device. Throws for a CUDA device when no CUDA backend is
+// registered (built without CUDA, or no GPU visible).
+Allocator& allocator_for(Device device);
+
+// The CUDA backend calls this once; the factory is asked for each cuda:i on first use.
+using AllocatorFactory = std::function<Allocator&(Device)>;
+void register_allocator_factory(DeviceType type, AllocatorFactory factory);
+
+AllocatorStats memory_stats(Device device);
+void reset_peak_memory_stats(Device device);
+
+}  // namespace weft

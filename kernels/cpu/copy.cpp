@@ -1,0 +1,82 @@
+// CPU copy (with dtype conversion and broadcasting), fill and thread settings.
+#include <cstring>
+
+#include "core/copy.h"
+#include "kernels/cpu/loops.h"
+
+namespace weft {
+
+namespace {
+
+template <class To, class From>
+To convert(From v) {
+  if constexpr (std::is_same_v<To, bool>) return v != From(0);
+  else return static_cast<To>(v);
+}
+
+void copy_kernel(const Tensor& src, const Tensor& dst) {
+  if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous() && src.shape() == dst.shape()) {
+    std::memcpy(dst.raw_data(), src.raw_data(), static_cast<size_t>(dst.nbytes()));
+    return;
+  }
+  auto ops = cpu::make_operands<2>(dst.shape(), {&dst, &src});
+  dispatch_dtype(dst.dtype(), DTypeSet::All, "copy_", [&](auto dst_tag) {
+    using To = typename decltype(dst_tag)::type;
+    dispatch_dtype(src.dtype(), DTypeSet::All, "copy_", [&](auto src_tag) {
+      using From = typename decltype(src_tag)::type;
+      cpu::for_each_run<2>(ops, [](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t n) {
+        if (s[0] == sizeof(To) && s[1] == sizeof(From)) {
+          To* out = reinterpret_cast<To*>(p[0]);
+          const From* in = reinterpret_cast<const From*>(p[1]);
+          for (int64_t i = 0; i < n; ++i) out[i] = convert<To>(in[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i)
+            *reinterpret_cast<To*>(p[0] + i * s[0]) = convert<To>(*reinterpret_cast<const From*>(p[1] + i * s[1]));
+        }
+      });
+    });
+  });
+}
+
+void fill_kernel(const Tensor& dst, double value) {
+  auto ops = cpu::make_operands<1>(dst.shape(), {&dst});
+  dispatch_dtype(dst.dtype(), DTypeSet::All, "fill_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T v = convert<T>(value);
+    cpu::for_each_run<1>(ops, [v](std::array<char*, 1> p, std::array<int64_t, 1> s, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
+    });
+  });
+}
+
+CrossDeviceCopyFn* cross_device_copy_fn = nullptr;
+
+}  // namespace
+
+DispatchStub<CopyFn> copy_stub{"copy_", &copy_kernel};
+DispatchStub<FillFn> fill_stub{"fill_", &fill_kernel};
+
+void register_cross_device_copy(CrossDeviceCopyFn* fn) { cross_device_copy_fn = fn; }
+
+void cross_device_copy(const Tensor& src, const Tensor& dst) {
+  WEFT_CHECK(cross_device_copy_fn != nullptr, "copy from ", src.device(), " to ", dst.device(),
+             ": weft was built without its CUDA backend");
+  cross_device_copy_fn(src, dst);
+}
+
+int num_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+void set_num_threads(int threads) {
+  WEFT_CHECK(threads >= 1, "set_num_threads: expected at least 1 thread, got ", threads);
+#ifdef _OPENMP
+  omp_set_num_threads(threads);
+#endif
+}
+
+}  // namespace weft

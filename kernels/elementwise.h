@@ -1,0 +1,108 @@
+// Elementwise ops with NumPy broadcasting, their in-place variants and operators.
+//
+// Dtype rules (simpler than PyTorch's promotion, and said in the error when broken):
+// both tensor operands share one dtype; a scalar takes the tensor's dtype and must be
+// integral for an integer tensor; div, pow and the transcendental ops need float32 or
+// float64; comparisons return bool; where takes a bool condition.
+#pragma once
+
+#include <optional>
+
+#include "core/tensor.h"
+
+namespace weft {
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+
+Tensor add(const Tensor& a, double b);
+Tensor sub(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor div(const Tensor& a, double b);
+Tensor pow(const Tensor& a, double exponent);
+
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor sign(const Tensor& x);  // not differentiable (zero gradient almost everywhere)
+Tensor relu(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor gelu(const Tensor& x);  // exact (erf) form, PyTorch's default
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
+
+// cond ? a : b, all three broadcast together.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, double b);
+Tensor ne(const Tensor& a, double b);
+Tensor lt(const Tensor& a, double b);
+Tensor le(const Tensor& a, double b);
+Tensor gt(const Tensor& a, double b);
+Tensor ge(const Tensor& a, double b);
+
+// In place: self keeps its shape (other must broadcast to it). Under autograd, a leaf
+// that requires grad or a view cannot be modified (see check_inplace).
+Tensor& add_(Tensor& self, const Tensor& other);
+Tensor& sub_(Tensor& self, const Tensor& other);
+Tensor& mul_(Tensor& self, const Tensor& other);
+Tensor& div_(Tensor& self, const Tensor& other);
+Tensor& add_(Tensor& self, double other);
+Tensor& sub_(Tensor& self, double other);
+Tensor& mul_(Tensor& self, double other);
+Tensor& div_(Tensor& self, double other);
+Tensor& neg_(Tensor& self);
+Tensor& exp_(Tensor& self);
+Tensor& log_(Tensor& self);
+Tensor& sqrt_(Tensor& self);
+Tensor& abs_(Tensor& self);
+Tensor& relu_(Tensor& self);
+Tensor& sigmoid_(Tensor& self);
+Tensor& tanh_(Tensor& self);
+Tensor& pow_(Tensor& self, double exponent);
+Tensor& clamp_(Tensor& self, std::optional<double> min, std::optional<double> max);
+Tensor& fill_(Tensor& self, double value);
+Tensor& zero_(Tensor& self);
+
+// Fused backward helpers, shared with the layers that use these activations.
+Tensor relu_backward(const Tensor& grad, const Tensor& output);
+Tensor sigmoid_backward(const Tensor& grad, const Tensor& output);
+Tensor tanh_backward(const Tensor& grad, const Tensor& output);
+Tensor gelu_backward(const Tensor& grad, const Tensor& input);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator+(const Tensor& a, double b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, double b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, double b) { return div(a, b); }
+inline Tensor operator+(double a, const Tensor& b) { return add(b, a); }
+inline Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
+inline Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
+inline Tensor operator/(double a, const Tensor& b) { return mul(pow(b, -1.0), a); }
+inline Tensor operator-(const Tensor& x) { return neg(x); }
+inline Tensor& operator+=(Tensor& a, const Tensor& b) { return add_(a, b); }
+inline Tensor& operator-=(Tensor& a, const Tensor& b) { return sub_(a, b); }
+inline Tensor& operator*=(Tensor& a, const Tensor& b) { return mul_(a, b); }
+inline Tensor& operator/=(Tensor& a, const Tensor& b) { return div_(a, b); }
+inline Tensor& operator+=(Tensor& a, double b) { return add_(a, b); }
+inline Tensor& operator-=(Tensor& a, double b) { return sub_(a, b); }
+inline Tensor& operator*=(Tensor& a, double b) { return mul_(a, b); }
+inline Tensor& operator/=(Tensor& a, double b) { return div_(a, b); }
+
+}  // namespace weft

@@ -1,0 +1,2 @@
+// Placeholder: filled in by its op family.
+#pragma once

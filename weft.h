@@ -1,0 +1,23 @@
+// weft: the umbrella header. `#include <weft.h>` brings in the whole public API.
+#pragma once
+
+#include "core/autograd.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/generator.h"
+#include "core/gradcheck.h"
+#include "core/shape.h"
+#include "core/tensor.h"
+#include "kernels/batch_norm.h"
+#include "kernels/conv.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/dropout.h"
+#include "kernels/elementwise.h"
+#include "kernels/index_ops.h"
+#include "kernels/linalg.h"
+#include "kernels/loss.h"
+#include "kernels/pooling.h"
+#include "kernels/reduce.h"
+#include "kernels/shape_ops.h"
+#include "kernels/softmax.h"
