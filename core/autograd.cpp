@@ -136,7 +136,7 @@ void check_inplace(const Tensor& self, const char* op) {
              ") while autograd is recording is not supported; use the out-of-place op");
 }
 
-Tensor& commit_inplace(Tensor& self, const Tensor& result, const char* op) {
+const Tensor& commit_inplace(const Tensor& self, const Tensor& result, const char* op) {
   WEFT_CHECK(result.shape() == self.shape(), op, ": the result has shape ", result.shape(),
              " but an in-place op cannot change the shape ", self.shape());
   {

@@ -213,7 +213,7 @@ class SavedTensor {
 void check_inplace(const Tensor& self, const char* op);
 // Writes `result` (computed out of place from self.clone()) into self, bumps self's
 // version and moves self's history onto result's node.
-Tensor& commit_inplace(Tensor& self, const Tensor& result, const char* op);
+const Tensor& commit_inplace(const Tensor& self, const Tensor& result, const char* op);
 
 // --- the engine (core/engine.cpp) ---------------------------------------------------
 

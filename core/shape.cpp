@@ -69,6 +69,14 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   return out;
 }
 
+bool broadcasts_to(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  int64_t lead = to.size() - from.size();
+  for (int64_t i = 0; i < from.size(); ++i)
+    if (from[i] != 1 && from[i] != to[i + lead]) return false;
+  return true;
+}
+
 Shape broadcast_strides(const Shape& sizes, const Shape& strides, const Shape& target) {
   Shape out;
   out.resize(target.size());

@@ -84,6 +84,9 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
 // NumPy broadcasting of two shapes; the error names op and both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
+// Whether `from` broadcasts to exactly `to` (what copy_ and in-place ops need).
+bool broadcasts_to(const Shape& from, const Shape& to);
+
 // Strides that read a tensor of (sizes, strides) as if it had shape `target`
 // (broadcast dims get stride 0). `sizes` must broadcast to `target`.
 Shape broadcast_strides(const Shape& sizes, const Shape& strides, const Shape& target);

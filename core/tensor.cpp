@@ -33,7 +33,7 @@ void Tensor::fail_data_ptr(DType asked) const {
 // --- copies -------------------------------------------------------------------------
 
 void copy_values(const Tensor& dst, const Tensor& src) {
-  WEFT_CHECK(broadcast_shapes(src.shape(), dst.shape(), "copy_") == dst.shape(), "copy_: source shape ",
+  WEFT_CHECK(broadcasts_to(src.shape(), dst.shape()), "copy_: source shape ",
              src.shape(), " does not broadcast to destination shape ", dst.shape());
   check_supported(dst.dtype(), "copy_");
   check_supported(src.dtype(), "copy_");
@@ -85,13 +85,13 @@ Tensor Tensor::to(DType target) const {
   return out;
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
+const Tensor& Tensor::copy_(const Tensor& src) const {
   if (!any_requires_grad(*this, src)) {
     copy_values(*this, src);
     return *this;
   }
   check_inplace(*this, "copy_");
-  WEFT_CHECK(broadcast_shapes(src.shape(), shape(), "copy_") == shape(), "copy_: source shape ", src.shape(),
+  WEFT_CHECK(broadcasts_to(src.shape(), shape()), "copy_: source shape ", src.shape(),
              " does not broadcast to destination shape ", shape());
   Tensor result = src.to(device()).to(dtype()).expand(shape()).clone();
   return commit_inplace(*this, result, "copy_");
@@ -140,7 +140,7 @@ bool Tensor::requires_grad() const {
   return m != nullptr && (m->requires_grad || m->grad_fn != nullptr);
 }
 
-Tensor& Tensor::requires_grad_(bool requires_grad) {
+const Tensor& Tensor::requires_grad_(bool requires_grad) const {
   WEFT_CHECK(is_leaf(), "requires_grad_: only leaf tensors can change requires_grad (this one was made by ",
              grad_fn()->name(), "); use detach() to get a leaf");
   WEFT_CHECK(!requires_grad || is_floating(dtype()), "requires_grad_: only floating-point tensors can require "

@@ -122,7 +122,7 @@ class Tensor {
   Tensor to(Device device) const;  // self if already there
   Tensor to(DType dtype) const;
   Tensor to(Device device, DType dtype) const { return to(device).to(dtype); }
-  Tensor& copy_(const Tensor& src);  // broadcasts src, converts dtype, crosses devices
+  const Tensor& copy_(const Tensor& src) const;  // broadcasts src, converts dtype, crosses devices
   Tensor detach() const;             // shares storage, no autograd history
 
   double item() const;  // for a one-element tensor
@@ -134,7 +134,7 @@ class Tensor {
 
   // --- autograd ---------------------------------------------------------------------
   bool requires_grad() const;
-  Tensor& requires_grad_(bool requires_grad = true);
+  const Tensor& requires_grad_(bool requires_grad = true) const;
   bool is_leaf() const;
   const Tensor& grad() const;   // undefined if none was accumulated
   void set_grad(const Tensor& grad);

@@ -37,6 +37,12 @@ struct Formatter {
   }
 };
 
+// Ends a row: `lines` newlines (one per dim closed), then the indent of the next row.
+void break_row(std::ostream& out, int64_t lines, int indent) {
+  for (int64_t i = 0; i < lines; ++i) out.put('\n');
+  for (int i = 0; i < indent; ++i) out.put(' ');
+}
+
 void print_values(std::ostream& out, const Tensor& t, const Formatter& f, bool summarize, int indent) {
   if (t.dim() == 0) {
     std::string s = f.format(t.item());
@@ -47,13 +53,17 @@ void print_values(std::ostream& out, const Tensor& t, const Formatter& f, bool s
   out << '[';
   for (int64_t i = 0; i < n; ++i) {
     if (summarize && n > 2 * kEdgeItems && i == kEdgeItems) {
-      out << "...";
+      out << "...,";
       i = n - kEdgeItems - 1;
-      out << (t.dim() == 1 ? ", " : ",\n" + std::string(indent + 1, ' '));
+      if (t.dim() == 1) out << ' ';
+      else break_row(out, 1, indent + 1);
       continue;
     }
     print_values(out, t.select(0, i), f, summarize, indent + 1);
-    if (i + 1 < n) out << (t.dim() == 1 ? ", " : "," + std::string(t.dim() - 1, '\n') + std::string(indent + 1, ' '));
+    if (i + 1 == n) continue;
+    out << ',';
+    if (t.dim() == 1) out << ' ';
+    else break_row(out, t.dim() - 1, indent + 1);
   }
   out << ']';
 }

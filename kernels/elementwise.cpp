@@ -68,13 +68,13 @@ using Pair = std::pair<Tensor, Tensor>;
 // In place: the kernel writes into self when autograd has nothing to record; otherwise
 // the op runs out of place on a clone and self takes over the result and its history.
 template <class OutOfPlace>
-Tensor& inplace(Tensor& self, const char* name, OutOfPlace out_of_place) {
+const Tensor& inplace(const Tensor& self, const char* name, OutOfPlace out_of_place) {
   check_defined(self, name, "self");
   check_inplace(self, name);
   return commit_inplace(self, out_of_place(self.clone()), name);
 }
 
-Tensor& binary_inplace(Tensor& self, const Tensor& other, BinaryOp op, const char* name,
+const Tensor& binary_inplace(const Tensor& self, const Tensor& other, BinaryOp op, const char* name,
                        Tensor (*out_of_place)(const Tensor&, const Tensor&)) {
   if (any_requires_grad(self, other))
     return inplace(self, name, [&](const Tensor& s) { return out_of_place(s, other); });
@@ -82,7 +82,7 @@ Tensor& binary_inplace(Tensor& self, const Tensor& other, BinaryOp op, const cha
   check_defined(other, name, "other");
   check_same_device(name, {&self, &other});
   check_same_dtype(name, self, other);
-  WEFT_CHECK(broadcast_shapes(self.shape(), other.shape(), name) == self.shape(), name, ": other's shape ",
+  WEFT_CHECK(broadcasts_to(other.shape(), self.shape()), name, ": other's shape ",
              other.shape(), " does not broadcast to self's shape ", self.shape());
   if (op == BinaryOp::Div) check_floating(self, name);
   if (self.numel() > 0) binary_stub(self.device(), op, self, other, self);
@@ -90,7 +90,7 @@ Tensor& binary_inplace(Tensor& self, const Tensor& other, BinaryOp op, const cha
   return self;
 }
 
-Tensor& unary_inplace(Tensor& self, UnaryOp op, const char* name, bool floating_only, double p0, double p1,
+const Tensor& unary_inplace(const Tensor& self, UnaryOp op, const char* name, bool floating_only, double p0, double p1,
                       const std::function<Tensor(const Tensor&)>& out_of_place) {
   if (any_requires_grad(self)) return inplace(self, name, out_of_place);
   check_defined(self, name, "self");
@@ -371,35 +371,35 @@ WEFT_COMPARISON(ge, Ge)
 
 // --- in place -------------------------------------------------------------------------
 
-Tensor& add_(Tensor& self, const Tensor& other) {
+const Tensor& add_(const Tensor& self, const Tensor& other) {
   return binary_inplace(self, other, BinaryOp::Add, "add_", [](const Tensor& a, const Tensor& b) { return add(a, b); });
 }
-Tensor& sub_(Tensor& self, const Tensor& other) {
+const Tensor& sub_(const Tensor& self, const Tensor& other) {
   return binary_inplace(self, other, BinaryOp::Sub, "sub_", [](const Tensor& a, const Tensor& b) { return sub(a, b); });
 }
-Tensor& mul_(Tensor& self, const Tensor& other) {
+const Tensor& mul_(const Tensor& self, const Tensor& other) {
   return binary_inplace(self, other, BinaryOp::Mul, "mul_", [](const Tensor& a, const Tensor& b) { return mul(a, b); });
 }
-Tensor& div_(Tensor& self, const Tensor& other) {
+const Tensor& div_(const Tensor& self, const Tensor& other) {
   return binary_inplace(self, other, BinaryOp::Div, "div_", [](const Tensor& a, const Tensor& b) { return div(a, b); });
 }
 
-Tensor& add_(Tensor& self, double other) {
+const Tensor& add_(const Tensor& self, double other) {
   check_defined(self, "add_", "self");
   check_scalar_fits(self, other, "add_");
   return unary_inplace(self, UnaryOp::Affine, "add_", false, 1.0, other, [&](const Tensor& s) { return add(s, other); });
 }
-Tensor& sub_(Tensor& self, double other) {
+const Tensor& sub_(const Tensor& self, double other) {
   check_defined(self, "sub_", "self");
   check_scalar_fits(self, other, "sub_");
   return unary_inplace(self, UnaryOp::Affine, "sub_", false, 1.0, -other, [&](const Tensor& s) { return sub(s, other); });
 }
-Tensor& mul_(Tensor& self, double other) {
+const Tensor& mul_(const Tensor& self, double other) {
   check_defined(self, "mul_", "self");
   check_scalar_fits(self, other, "mul_");
   return unary_inplace(self, UnaryOp::Affine, "mul_", false, other, 0.0, [&](const Tensor& s) { return mul(s, other); });
 }
-Tensor& div_(Tensor& self, double other) {
+const Tensor& div_(const Tensor& self, double other) {
   check_defined(self, "div_", "self");
   check_floating(self, "div_");
   return unary_inplace(self, UnaryOp::Affine, "div_", true, 1.0 / other, 0.0,
@@ -407,7 +407,7 @@ Tensor& div_(Tensor& self, double other) {
 }
 
 #define WEFT_UNARY_INPLACE(name, Op, floating_only)                                               \
-  Tensor& name##_(Tensor& self) {                                                                 \
+  const Tensor& name##_(const Tensor& self) {                                                     \
     return unary_inplace(self, UnaryOp::Op, #name "_", floating_only, 0, 0,                        \
                          [](const Tensor& s) { return name(s); });                                \
   }
@@ -421,12 +421,12 @@ WEFT_UNARY_INPLACE(sigmoid, Sigmoid, true)
 WEFT_UNARY_INPLACE(tanh, Tanh, true)
 #undef WEFT_UNARY_INPLACE
 
-Tensor& pow_(Tensor& self, double exponent) {
+const Tensor& pow_(const Tensor& self, double exponent) {
   return unary_inplace(self, UnaryOp::PowScalar, "pow_", true, exponent, 0,
                        [&](const Tensor& s) { return pow(s, exponent); });
 }
 
-Tensor& clamp_(Tensor& self, std::optional<double> min, std::optional<double> max) {
+const Tensor& clamp_(const Tensor& self, std::optional<double> min, std::optional<double> max) {
   check_defined(self, "clamp_", "self");
   WEFT_CHECK(min || max, "clamp_: at least one of min and max must be given");
   constexpr double inf = std::numeric_limits<double>::infinity();
@@ -434,7 +434,7 @@ Tensor& clamp_(Tensor& self, std::optional<double> min, std::optional<double> ma
                        [&](const Tensor& s) { return clamp(s, min, max); });
 }
 
-Tensor& fill_(Tensor& self, double value) {
+const Tensor& fill_(const Tensor& self, double value) {
   check_defined(self, "fill_", "self");
   check_scalar_fits(self, value, "fill_");
   if (any_requires_grad(self)) {
@@ -446,6 +446,6 @@ Tensor& fill_(Tensor& self, double value) {
   return self;
 }
 
-Tensor& zero_(Tensor& self) { return fill_(self, 0.0); }
+const Tensor& zero_(const Tensor& self) { return fill_(self, 0.0); }
 
 }  // namespace weft

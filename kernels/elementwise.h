@@ -54,28 +54,29 @@ Tensor le(const Tensor& a, double b);
 Tensor gt(const Tensor& a, double b);
 Tensor ge(const Tensor& a, double b);
 
-// In place: self keeps its shape (other must broadcast to it). Under autograd, a leaf
+// In place (PyTorch's C++ convention: a Tensor is a handle, so self is const& and its
+// values change): self keeps its shape (other must broadcast to it). Under autograd, a leaf
 // that requires grad or a view cannot be modified (see check_inplace).
-Tensor& add_(Tensor& self, const Tensor& other);
-Tensor& sub_(Tensor& self, const Tensor& other);
-Tensor& mul_(Tensor& self, const Tensor& other);
-Tensor& div_(Tensor& self, const Tensor& other);
-Tensor& add_(Tensor& self, double other);
-Tensor& sub_(Tensor& self, double other);
-Tensor& mul_(Tensor& self, double other);
-Tensor& div_(Tensor& self, double other);
-Tensor& neg_(Tensor& self);
-Tensor& exp_(Tensor& self);
-Tensor& log_(Tensor& self);
-Tensor& sqrt_(Tensor& self);
-Tensor& abs_(Tensor& self);
-Tensor& relu_(Tensor& self);
-Tensor& sigmoid_(Tensor& self);
-Tensor& tanh_(Tensor& self);
-Tensor& pow_(Tensor& self, double exponent);
-Tensor& clamp_(Tensor& self, std::optional<double> min, std::optional<double> max);
-Tensor& fill_(Tensor& self, double value);
-Tensor& zero_(Tensor& self);
+const Tensor& add_(const Tensor& self, const Tensor& other);
+const Tensor& sub_(const Tensor& self, const Tensor& other);
+const Tensor& mul_(const Tensor& self, const Tensor& other);
+const Tensor& div_(const Tensor& self, const Tensor& other);
+const Tensor& add_(const Tensor& self, double other);
+const Tensor& sub_(const Tensor& self, double other);
+const Tensor& mul_(const Tensor& self, double other);
+const Tensor& div_(const Tensor& self, double other);
+const Tensor& neg_(const Tensor& self);
+const Tensor& exp_(const Tensor& self);
+const Tensor& log_(const Tensor& self);
+const Tensor& sqrt_(const Tensor& self);
+const Tensor& abs_(const Tensor& self);
+const Tensor& relu_(const Tensor& self);
+const Tensor& sigmoid_(const Tensor& self);
+const Tensor& tanh_(const Tensor& self);
+const Tensor& pow_(const Tensor& self, double exponent);
+const Tensor& clamp_(const Tensor& self, std::optional<double> min, std::optional<double> max);
+const Tensor& fill_(const Tensor& self, double value);
+const Tensor& zero_(const Tensor& self);
 
 // Fused backward helpers, shared with the layers that use these activations.
 Tensor relu_backward(const Tensor& grad, const Tensor& output);
@@ -96,13 +97,13 @@ inline Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
 inline Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
 inline Tensor operator/(double a, const Tensor& b) { return mul(pow(b, -1.0), a); }
 inline Tensor operator-(const Tensor& x) { return neg(x); }
-inline Tensor& operator+=(Tensor& a, const Tensor& b) { return add_(a, b); }
-inline Tensor& operator-=(Tensor& a, const Tensor& b) { return sub_(a, b); }
-inline Tensor& operator*=(Tensor& a, const Tensor& b) { return mul_(a, b); }
-inline Tensor& operator/=(Tensor& a, const Tensor& b) { return div_(a, b); }
-inline Tensor& operator+=(Tensor& a, double b) { return add_(a, b); }
-inline Tensor& operator-=(Tensor& a, double b) { return sub_(a, b); }
-inline Tensor& operator*=(Tensor& a, double b) { return mul_(a, b); }
-inline Tensor& operator/=(Tensor& a, double b) { return div_(a, b); }
+inline const Tensor& operator+=(const Tensor& a, const Tensor& b) { return add_(a, b); }
+inline const Tensor& operator-=(const Tensor& a, const Tensor& b) { return sub_(a, b); }
+inline const Tensor& operator*=(const Tensor& a, const Tensor& b) { return mul_(a, b); }
+inline const Tensor& operator/=(const Tensor& a, const Tensor& b) { return div_(a, b); }
+inline const Tensor& operator+=(const Tensor& a, double b) { return add_(a, b); }
+inline const Tensor& operator-=(const Tensor& a, double b) { return sub_(a, b); }
+inline const Tensor& operator*=(const Tensor& a, double b) { return mul_(a, b); }
+inline const Tensor& operator/=(const Tensor& a, double b) { return div_(a, b); }
 
 }  // namespace weft

@@ -1,9 +1,15 @@
 // Kernel signature of the reduction family.
 //
-// `in` is read as [outer, inner]: the caller has permuted the reduced dims last and
-// made the tensor contiguous, so every output element reduces one contiguous row of
-// `inner` values. Rows are independent, which makes the kernel deterministic for any
-// thread count (each row is summed in one fixed order).
+// `in` is contiguous and read as [outer, inner, post]: output element (o, p) reduces the
+// `inner` values in[o, :, p]. The Tensor-level op picks the layout without copying when
+// the reduced dims of a contiguous input are adjacent: trailing dims give rows (post == 1,
+// each output reduces one contiguous row), leading or middle dims give columns (post > 1,
+// e.g. the bias gradient sum over dim 0), which the kernel walks side by side instead of
+// transposing. Any other case is permuted to rows and copied first.
+//
+// Every output element is reduced in one fixed order that depends only on the layout,
+// never on the thread count (the CPU splits long rows into fixed-size blocks, reduced in
+// parallel and folded in block order), so every kernel is deterministic.
 #pragma once
 
 #include "core/dispatch.h"
@@ -11,11 +17,21 @@
 
 namespace weft {
 
-enum class ReduceOp { Sum, Mean, Max, Min, ArgMax, Var };
+enum class ReduceOp {
+  Sum,     // integers accumulate in int64, floats in float64
+  Mean,    // floating only; NaN for inner == 0
+  Max,     // NaN propagates; inner > 0
+  Min,
+  ArgMax,  // out: int64 index (along inner) of the first maximum; a NaN counts as the maximum; inner > 0
+  ArgMin,
+  Var,     // floating only: two passes (mean, then squared deviations) / max(0, inner - correction)
+};
 
-// out has `outer` elements (dtype: in's, or int64 for ArgMax). `correction` is used by Var.
-using ReduceFn = void(ReduceOp op, const Tensor& in, int64_t outer, int64_t inner, const Tensor& out,
-                      double correction);
+// out has outer * post contiguous elements: in's dtype, or int64 for ArgMax / ArgMin. For
+// ArgMax / ArgMin, `values` (when defined: outer * post contiguous elements of in's dtype)
+// also receives the selected values. `correction` is used by Var only.
+using ReduceFn = void(ReduceOp op, const Tensor& in, int64_t outer, int64_t inner, int64_t post, const Tensor& out,
+                      const Tensor& values, double correction);
 extern DispatchStub<ReduceFn> reduce_stub;
 
 }  // namespace weft
