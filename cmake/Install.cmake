@@ -8,7 +8,7 @@ install(TARGETS weft EXPORT weftTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES weft.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/weft)
-foreach(dir core kernels nn data parallel)
+foreach(dir core kernels nn data parallel train)
   install(DIRECTORY ${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/weft/${dir}
     FILES_MATCHING PATTERN "*.h")
 endforeach()

@@ -106,6 +106,11 @@ void register_allocator_factory(DeviceType type, AllocatorFactory factory) {
   registry().cuda_factory = std::move(factory);
 }
 
+bool cuda_available() {
+  std::lock_guard lock(registry().mutex);
+  return registry().cuda_factory != nullptr;
+}
+
 AllocatorStats memory_stats(Device device) { return allocator_for(device).stats(); }
 void reset_peak_memory_stats(Device device) { allocator_for(device).reset_peak(); }
 

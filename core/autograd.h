@@ -95,6 +95,8 @@ class Node {
   // Runs the hooks registered on output `output_nr` over grad, in registration order.
   void run_pre_hooks(uint32_t output_nr, Tensor& grad) const;
 
+  void reserve_edges(size_t n) { next_edges_.reserve(n); }
+  void set_output_meta(size_t i, const Tensor& t) { outputs_[i] = {t.shape(), t.dtype(), t.device()}; }
   void add_next_edge(Edge edge) { next_edges_.push_back(std::move(edge)); }
   uint32_t add_output(const Tensor& t);
 
@@ -143,6 +145,8 @@ class AccumulateGrad final : public Node {
   GradList apply(GradList&& grads) override;
   HookHandle add_post_hook(PostAccumulateGradHook hook);
   bool remove_post_hook(HookHandle handle);
+  // After Tensor::set_data: the leaf's new shape, dtype and device.
+  void reset_leaf_meta(const Tensor& leaf) { set_output_meta(0, leaf); }
 
  private:
   std::weak_ptr<TensorImpl> leaf_;
@@ -177,6 +181,7 @@ bool any_requires_grad(std::span<const Tensor> tensors);
 template <class F, class... Ts>
 std::shared_ptr<Node> make_node(const char* name, F&& backward, const Ts&... inputs) {
   auto node = std::make_shared<LambdaNode<std::decay_t<F>>>(name, std::forward<F>(backward));
+  node->reserve_edges(sizeof...(inputs));
   (node->add_next_edge(gradient_edge(inputs)), ...);
   return node;
 }
@@ -184,6 +189,7 @@ std::shared_ptr<Node> make_node(const char* name, F&& backward, const Ts&... inp
 template <class F>
 std::shared_ptr<Node> make_node(const char* name, F&& backward, std::span<const Tensor> inputs) {
   auto node = std::make_shared<LambdaNode<std::decay_t<F>>>(name, std::forward<F>(backward));
+  node->reserve_edges(inputs.size());
   for (const Tensor& t : inputs) node->add_next_edge(gradient_edge(t));
   return node;
 }

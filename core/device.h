@@ -42,4 +42,8 @@ constexpr int kMaxCpuDevices = 64;
 
 std::ostream& operator<<(std::ostream& out, Device device);
 
+// Whether CUDA devices can be used: a CUDA backend is built in and found a GPU. Never
+// throws; a machine without a driver simply answers false.
+bool cuda_available();
+
 }  // namespace weft

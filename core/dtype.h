@@ -74,4 +74,16 @@ decltype(auto) dispatch_dtype(DType dtype, DTypeSet allowed, const char* op, F&&
             allowed == DTypeSet::Floating ? "float32 or float64" : "a numeric dtype", ")");
 }
 
+// Float32 and float64 only, and only those two are instantiated: for kernels whose
+// code does not compile for integers. Any other dtype is an error naming `op`.
+template <class F>
+decltype(auto) dispatch_floating(DType dtype, const char* op, F&& f) {
+  if (dtype == DType::Float64) return f(TypeTag<double>{});
+  if (dtype != DType::Float32) [[unlikely]] {
+    check_supported(dtype, op);
+    WEFT_FAIL(op, ": dtype ", dtype_name(dtype), " is not supported (expected float32 or float64)");
+  }
+  return f(TypeTag<float>{});
+}
+
 }  // namespace weft

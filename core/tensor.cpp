@@ -16,6 +16,7 @@ int64_t Tensor::size(int64_t d) const { return impl_->sizes[wrap_dim(d, dim(), "
 int64_t Tensor::stride(int64_t d) const { return impl_->strides[wrap_dim(d, dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no elements, no layout (as PyTorch); contiguous_strides gives [1, 1] for [2, 0]
   int64_t expected = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
     int64_t n = impl_->sizes[i];
@@ -165,6 +166,24 @@ void Tensor::set_grad(const Tensor& grad) {
                " does not match tensor ", shape(), " ", dtype(), " on ", device());
   }
   autograd_meta().grad = grad;
+}
+
+void Tensor::set_data(const Tensor& src) const {
+  WEFT_CHECK(src.defined(), "set_data: the source is an undefined tensor");
+  WEFT_CHECK(is_leaf(), "set_data: only a leaf tensor can take new data (this one was made by ", grad_fn()->name(), ")");
+  WEFT_CHECK(!requires_grad() || is_floating(src.dtype()), "set_data: a tensor that requires grad needs floating "
+             "data, got ", src.dtype());
+  impl_->storage = src.storage();
+  impl_->sizes = src.shape();
+  impl_->strides = src.strides();
+  impl_->offset = src.offset();
+  impl_->dtype = src.dtype();
+  impl_->is_view = false;
+  if (AutogradMeta* m = impl_->autograd.get()) {
+    m->grad = Tensor();
+    // The accumulator checks gradients against the leaf's shape, dtype and device.
+    if (m->grad_accumulator) m->grad_accumulator->reset_leaf_meta(Tensor(impl_));
+  }
 }
 
 std::shared_ptr<Node> Tensor::grad_fn() const { return impl_->autograd ? impl_->autograd->grad_fn : nullptr; }

@@ -138,6 +138,10 @@ class Tensor {
   bool is_leaf() const;
   const Tensor& grad() const;   // undefined if none was accumulated
   void set_grad(const Tensor& grad);
+  // Makes this leaf hold src's values, shape, dtype and device while keeping its
+  // identity (what PyTorch's `param.data = src` does): handles held elsewhere, an
+  // optimizer's for instance, see the new data. Drops .grad.
+  void set_data(const Tensor& src) const;
   std::shared_ptr<Node> grad_fn() const;
   uint32_t output_nr() const;
   // gradient defaults to 1 for a one-element tensor.

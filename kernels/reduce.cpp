@@ -1,4 +1,5 @@
-// Reductions: dim handling, the reduced-dims-last row layout, and backward.
+// Reductions: dim handling, the [outer, inner, post] layout (no copy when it can be read in
+// place), and backward.
 #include "kernels/reduce.h"
 
 #include <algorithm>

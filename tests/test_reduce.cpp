@@ -209,6 +209,67 @@ TEST_CASE("long rows: float32 sums accumulate in float64 and are identical for a
   CHECK_CLOSE(results[4], reference(x, {1}, false, ref_mean), 0, 1e-7);
 }
 
+TEST_CASE("column layouts: reduced dims first or in the middle, wider than one column block") {
+  // Contiguous inputs whose reduced dims are adjacent but not last are reduced in place as
+  // columns; 1100 and 1030 positions span more than one block of columns.
+  for (Shape shape : {Shape{37, 1100}, Shape{3, 9, 1030}}) {
+    Tensor x = test::random(shape, DType::Float32, 16);
+    std::vector<int64_t> dims = shape.size() == 2 ? std::vector<int64_t>{0} : std::vector<int64_t>{1};
+    CAPTURE(shape);
+    CHECK_CLOSE(sum(x, dims), reference(x, dims, false, ref_sum), 1e-5, 1e-5);
+    CHECK_CLOSE(mean(x, dims, true), reference(x, dims, true, ref_mean), 1e-6, 1e-5);
+    CHECK_CLOSE(var(x, dims), reference(x, dims, false, ref_var(1)), 1e-6, 1e-5);
+    CHECK_CLOSE(amax(x, dims), reference(x, dims, false, ref_max), 0, 0);
+    CHECK_CLOSE(amin(x, dims), reference(x, dims, false, ref_min), 0, 0);
+    CHECK_CLOSE(argmax(x, dims[0]), reference(x, dims, false, ref_argmax), 0, 0);
+    CHECK_CLOSE(argmin(x, dims[0]), reference(x, dims, false, ref_argmin), 0, 0);
+  }
+  // Ties and NaN in columns: the first index wins, NaN wins argmax and propagates.
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor c = tensor({1, 5, 2, 7, 5, nan, 7, 0, 2}, {3, 3});
+  CHECK(argmax(c, 0).to_vector<int64_t>() == std::vector<int64_t>{1, 0, 1});
+  CHECK(argmin(c, 0).to_vector<int64_t>() == std::vector<int64_t>{0, 2, 1});
+  auto col_max = amax(c, {0}).to_vector<float>();
+  CHECK(col_max[0] == 7);
+  CHECK(col_max[1] == 5);
+  CHECK(std::isnan(col_max[2]));
+}
+
+TEST_CASE("extrema with infinities of both signs and NaN, in rows and columns") {
+  float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> values(40, 1.0f);
+  values[3] = inf, values[17] = -inf;
+  Tensor row = tensor(values, {40});
+  CHECK(amax(row).item() == inf);
+  CHECK(amin(row).item() == -inf);
+  CHECK(argmax(row).item<int64_t>() == 3);
+  Tensor col = row.reshape({40, 1}).expand({40, 3}).contiguous();
+  CHECK(amax(col, {0}).to_vector<float>() == std::vector<float>(3, inf));
+  CHECK(amin(col, {0}).to_vector<float>() == std::vector<float>(3, -inf));
+  values[30] = nan;
+  Tensor with_nan = tensor(values, {40});
+  CHECK(std::isnan(amax(with_nan).item()));
+  CHECK(std::isnan(amin(with_nan).item()));
+  CHECK(argmax(with_nan).item<int64_t>() == 30);
+  Tensor nan_col = with_nan.reshape({40, 1}).expand({40, 2}).contiguous();
+  CHECK(std::isnan(amax(nan_col, {0}).to_vector<float>()[1]));
+}
+
+TEST_CASE("long rows reduce the same way row by row and block by block") {
+  // 16 rows: one thread reduces row by row, 8 threads split each row into blocks.
+  Tensor x = test::random({16, 20000}, DType::Float32, 17);
+  int threads = num_threads();
+  set_num_threads(1);
+  Tensor by_rows = sum(x, {1}), arg_rows = argmax(x, 1), var_rows = var(x, {1});
+  set_num_threads(8);
+  Tensor by_blocks = sum(x, {1}), arg_blocks = argmax(x, 1), var_blocks = var(x, {1});
+  set_num_threads(threads);
+  CHECK_CLOSE(by_rows, by_blocks, 0, 0);
+  CHECK_CLOSE(arg_rows, arg_blocks, 0, 0);
+  CHECK_CLOSE(var_rows, var_blocks, 0, 0);
+  CHECK_CLOSE(arg_rows, reference(x, {1}, false, ref_argmax), 0, 0);
+}
+
 TEST_CASE("empty tensors") {
   Tensor e = zeros({0, 3}, DType::Float64);
   CHECK(sum(e, {0}).to_vector<double>() == std::vector<double>{0, 0, 0});

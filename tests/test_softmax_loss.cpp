@@ -1,8 +1,10 @@
 // softmax / log_softmax and the losses: forward against naive float64 loops, stability,
 // gradients by finite differences, PyTorch's reduction and weighting rules, error texts.
 #include <cmath>
+#include <functional>
 #include <limits>
 
+#include "kernels/cpu/softmax_rows.h"
 #include "test_util.h"
 
 using namespace weft;
@@ -83,9 +85,9 @@ const Reduction kReductions[] = {Reduction::None, Reduction::Mean, Reduction::Su
 // --- softmax ------------------------------------------------------------------------------
 
 TEST_CASE("softmax and log_softmax match a naive float64 loop along every dim") {
-  // [2, 7, 37] along dim 1 walks 37 positions side by side: two full column blocks and a
-  // partial one.
-  for (Shape shape : {Shape{3, 4, 5}, Shape{2, 7, 37}, Shape{1, 1, 9}}) {
+  // [2, 7, 150] along dim 1 walks 150 positions side by side: two full blocks of 64
+  // columns and a partial one; along dim 2 its rows have a tail after the 8 lanes.
+  for (Shape shape : {Shape{3, 4, 5}, Shape{2, 7, 150}, Shape{1, 1, 9}}) {
     for (DType dtype : {DType::Float32, DType::Float64}) {
       double tol = dtype == DType::Float32 ? 2e-6 : 1e-13;
       Tensor x = mul(test::random(shape, dtype, 41), 3.0);
@@ -103,6 +105,30 @@ TEST_CASE("softmax and log_softmax match a naive float64 loop along every dim") 
       }
     }
   }
+}
+
+TEST_CASE("the CPU float exp is within 2 ulp of the exact value") {
+  // A sweep of 2e6 values over the whole range where the result is neither 0 nor inf,
+  // plus the edges, in float64 arithmetic.
+  auto check = [](float x) {
+    double exact = std::exp(static_cast<double>(x));
+    float got = cpu::exp_float(x);
+    float nearest = static_cast<float>(exact);
+    if (std::isinf(nearest)) return std::isinf(got);
+    double ulp = std::nextafter(nearest, std::numeric_limits<float>::infinity()) - nearest;
+    return std::fabs(got - exact) <= 2 * ulp;
+  };
+  int64_t bad = 0;
+  for (int i = 0; i <= 2000000; ++i) bad += !check(-104.0f + 193.0f * static_cast<float>(i) / 2000000);
+  for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.7f, 88.72f, -87.3f, -87.4f, -100.0f, -103.9f, 1.0f, -1.0f})
+    bad += !check(x);
+  CHECK(bad == 0);
+  float inf = std::numeric_limits<float>::infinity();
+  CHECK(cpu::exp_float(inf) == inf);
+  CHECK(cpu::exp_float(89.0f) == inf);
+  CHECK(cpu::exp_float(-inf) == 0.0f);
+  CHECK(cpu::exp_float(-1000.0f) == 0.0f);
+  CHECK(std::isnan(cpu::exp_float(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST_CASE("softmax is stable for large inputs") {
@@ -140,10 +166,39 @@ TEST_CASE("gradcheck: softmax and log_softmax along dims 0, 1 and -1") {
       CHECK_GRADCHECK([&](const std::vector<Tensor>& in) { return log_softmax(in[0], dim); }, {input});
     }
   }
-  // A block wider than one column block (post = 18 along dim 0).
-  Tensor wide = test::leaf({2, 3, 6}, 44);
-  CHECK_GRADCHECK([](const std::vector<Tensor>& in) { return softmax(in[0], 0); }, {wide});
-  CHECK_GRADCHECK([](const std::vector<Tensor>& in) { return log_softmax(in[0], 0); }, {wide});
+  // More positions than one block of 64 columns (post = 66 along dim 1).
+  Tensor wide = test::leaf({2, 2, 66}, 44);
+  CHECK_GRADCHECK([](const std::vector<Tensor>& in) { return softmax(in[0], 1); }, {wide});
+  CHECK_GRADCHECK([](const std::vector<Tensor>& in) { return log_softmax(in[0], 1); }, {wide});
+}
+
+// float32 runs its own code (the vectorised exp); its gradients must match float64's,
+// which gradcheck has validated.
+Tensor grad_of(const std::function<Tensor(const Tensor&)>& f, const Tensor& x64, DType dtype) {
+  Tensor x = x64.to(dtype).detach().requires_grad_();
+  Tensor out = f(x);
+  out.backward(test::random(out.shape(), DType::Float64, 45).to(dtype));
+  return x.grad();
+}
+
+TEST_CASE("float32 gradients of softmax, log_softmax and cross_entropy match float64") {
+  Tensor x = mul(test::random({6, 70, 3}, DType::Float64, 46), 3.0);
+  Tensor t = random_targets({6, 3}, 70, 47, int64_t{5});
+  Tensor w = test::random({70}, DType::Float64, 48, 0.5, 2.0);
+  std::vector<std::function<Tensor(const Tensor&)>> fns = {
+      [](const Tensor& v) { return softmax(v, 1); },
+      [](const Tensor& v) { return log_softmax(v, 1); },
+      [](const Tensor& v) { return softmax(v.transpose(1, 2), -1); },
+      [](const Tensor& v) { return log_softmax(v.transpose(1, 2), -1); },
+      [&](const Tensor& v) { return cross_entropy(v, t, Reduction::None, 5, w.to(v.dtype()), 0.2); },
+      [&](const Tensor& v) {
+        return cross_entropy(v.transpose(1, 2).reshape({18, 70}), t.reshape({18}), Reduction::Sum, 5, Tensor(), 0.1);
+      },
+  };
+  for (size_t i = 0; i < fns.size(); ++i) {
+    CAPTURE(i);
+    CHECK_CLOSE(grad_of(fns[i], x, DType::Float32), grad_of(fns[i], x, DType::Float64), 1e-6, 1e-5);
+  }
 }
 
 TEST_CASE("softmax errors") {

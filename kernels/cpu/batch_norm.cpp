@@ -189,15 +189,6 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& m
   });
 }
 
-// dispatch_dtype instantiates its callback for every dtype; only float32 and float64
-// reach these kernels, so the other instantiations are compiled out.
-template <class F>
-void dispatch_floating(DType dtype, const char* op, const F& f) {
-  dispatch_dtype(dtype, DTypeSet::Floating, op, [&](auto tag) {
-    if constexpr (std::is_floating_point_v<typename decltype(tag)::type>) f(tag);
-  });
-}
-
 void stats_kernel(const Tensor& input, const Tensor& mean, const Tensor& var, const Tensor& running_mean,
                   const Tensor& running_var, double momentum) {
   dispatch_floating(input.dtype(), "batch_norm", [&](auto tag) {

@@ -19,13 +19,6 @@ namespace weft {
 
 namespace {
 
-// The Tensor-level op has checked the dtype: only float32 and float64 get here, so only
-// they are instantiated.
-template <class F>
-decltype(auto) dispatch_floating(DType dtype, F&& f) {
-  if (dtype == DType::Float64) return f(TypeTag<double>{});
-  return f(TypeTag<float>{});
-}
 
 template <class T>
 struct ClassView {
@@ -229,7 +222,7 @@ double squared_error_sum(const T* a, const T* b, int64_t n) {
 
 int64_t nll_loss_kernel(const Tensor& log_probs, const Tensor& target, const Tensor& weight, int64_t n, int64_t c,
                         int64_t post, int64_t ignore_index, const Tensor& loss, const Tensor& target_weight) {
-  return dispatch_floating(log_probs.dtype(), [&](auto tag) {
+  return dispatch_floating(log_probs.dtype(), "nll_loss", [&](auto tag) {
     using T = typename decltype(tag)::type;
     return nll_forward<T>(static_cast<const T*>(log_probs.raw_data()),
                           class_view<T>(target, weight, c, post, ignore_index), n * post,
@@ -240,7 +233,7 @@ int64_t nll_loss_kernel(const Tensor& log_probs, const Tensor& target, const Ten
 
 void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, const Tensor& weight, int64_t n, int64_t c,
                               int64_t post, int64_t ignore_index, const Tensor& grad_log_probs) {
-  dispatch_floating(grad_log_probs.dtype(), [&](auto tag) {
+  dispatch_floating(grad_log_probs.dtype(), "nll_loss backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     nll_backward<T>(static_cast<const T*>(grad.raw_data()), grad.numel() == 1,
                     class_view<T>(target, weight, c, post, ignore_index), n * post,
@@ -251,7 +244,7 @@ void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, const Te
 int64_t cross_entropy_kernel(const Tensor& logits, const Tensor& target, const Tensor& weight, int64_t n, int64_t c,
                              int64_t post, int64_t ignore_index, double label_smoothing, const Tensor& loss,
                              const Tensor& target_weight, const Tensor& lse) {
-  return dispatch_floating(logits.dtype(), [&](auto tag) {
+  return dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = typename decltype(tag)::type;
     return cross_entropy_forward<T>(static_cast<const T*>(logits.raw_data()),
                                     class_view<T>(target, weight, c, post, ignore_index), n * post, label_smoothing,
@@ -264,7 +257,7 @@ int64_t cross_entropy_kernel(const Tensor& logits, const Tensor& target, const T
 void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, const Tensor& target,
                                    const Tensor& weight, const Tensor& lse, int64_t n, int64_t c, int64_t post,
                                    int64_t ignore_index, double label_smoothing, const Tensor& grad_logits) {
-  dispatch_floating(logits.dtype(), [&](auto tag) {
+  dispatch_floating(logits.dtype(), "cross_entropy backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     cross_entropy_backward<T>(static_cast<const T*>(grad.raw_data()), grad.numel() == 1,
                               static_cast<const T*>(logits.raw_data()), static_cast<const double*>(lse.raw_data()),
@@ -274,7 +267,7 @@ void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, con
 }
 
 void mse_loss_kernel(const Tensor& input, const Tensor& target, Reduction reduction, const Tensor& out) {
-  dispatch_floating(input.dtype(), [&](auto tag) {
+  dispatch_floating(input.dtype(), "mse_loss", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* a = static_cast<const T*>(input.raw_data());
     const T* b = static_cast<const T*>(target.raw_data());
@@ -296,7 +289,7 @@ void mse_loss_kernel(const Tensor& input, const Tensor& target, Reduction reduct
 
 void mse_loss_backward_kernel(const Tensor& grad, const Tensor& input, const Tensor& target, double scale,
                               const Tensor& grad_input, const Tensor& grad_target) {
-  dispatch_floating(input.dtype(), [&](auto tag) {
+  dispatch_floating(input.dtype(), "mse_loss backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* g = static_cast<const T*>(grad.raw_data());
     const T* a = static_cast<const T*>(input.raw_data());

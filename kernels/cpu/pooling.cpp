@@ -221,15 +221,6 @@ int64_t covered_divisor(const Taps& r, const Taps& c) { return tap_count(r) * ta
 // The largest adaptive window along a dim: ceil(in / out) + 1 bounds it.
 int64_t adaptive_window(int64_t in, int64_t out) { return (in + out - 1) / out + 1; }
 
-// dispatch_dtype instantiates its callback for every dtype; only float32 and float64
-// reach these kernels, so the other instantiations are compiled out.
-template <class F>
-void dispatch_floating(DType dtype, const char* op, const F& f) {
-  dispatch_dtype(dtype, DTypeSet::Floating, op, [&](auto tag) {
-    if constexpr (std::is_floating_point_v<typename decltype(tag)::type>) f(tag);
-  });
-}
-
 void max_pool2d_kernel(const Tensor& input, const Tensor& out, const Tensor& indices, const Pool2dGeometry& g) {
   dispatch_floating(input.dtype(), "max_pool2d", [&](auto tag) {
     max_pool_typed<typename decltype(tag)::type>(input, out, indices, g);

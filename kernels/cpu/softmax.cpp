@@ -17,15 +17,8 @@ namespace weft {
 
 namespace {
 
-// The Tensor-level op has checked the dtype: only float32 and float64 get here, so only
-// they are instantiated.
-template <class F>
-decltype(auto) dispatch_floating(DType dtype, F&& f) {
-  if (dtype == DType::Float64) return f(TypeTag<double>{});
-  return f(TypeTag<float>{});
-}
 
-constexpr int kCols = 16;
+constexpr int kCols = 64;
 
 using cpu::exp_fast;
 
@@ -145,7 +138,7 @@ void softmax_backward_typed(const T* g, const T* y, T* gx, int64_t outer, int64_
 }
 
 void softmax_kernel(const Tensor& in, const Tensor& out, int64_t outer, int64_t n, int64_t post, bool log) {
-  dispatch_floating(in.dtype(), [&](auto tag) {
+  dispatch_floating(in.dtype(), "softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x = static_cast<const T*>(in.raw_data());
     T* y = static_cast<T*>(out.raw_data());
@@ -156,7 +149,7 @@ void softmax_kernel(const Tensor& in, const Tensor& out, int64_t outer, int64_t 
 
 void softmax_backward_kernel(const Tensor& grad, const Tensor& out, const Tensor& grad_in, int64_t outer, int64_t n,
                              int64_t post, bool log) {
-  dispatch_floating(out.dtype(), [&](auto tag) {
+  dispatch_floating(out.dtype(), "softmax backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* g = static_cast<const T*>(grad.raw_data());
     const T* y = static_cast<const T*>(out.raw_data());

@@ -1,0 +1,169 @@
+// weft-train: the main job. Trains a model on Fashion-MNIST (or synthetic data) with
+// the TrainLoop, on the GPU when there is one, else on the CPU.
+//
+//   weft-train --model convnet --optimizer sgd --lr 0.01 --momentum 0.9 --batch-size 100 \
+//              --epochs 3 --device cpu --seed 0
+//
+// --metrics-json writes test_accuracy, final_loss, images_per_second, epochs,
+// world_size, mode and device at the end; bench/reference/train_convnet.py writes the
+// same for PyTorch.
+#include <CLI/CLI.hpp>
+
+#include <fstream>
+#include <optional>
+#include <iostream>
+
+#include <weft.h>
+
+#include "data/dataloader.h"
+#include "data/dataset.h"
+#include "nn/loss.h"
+#include "nn/models/convnet.h"
+#include "nn/models/mlp.h"
+#include "nn/models/resnet.h"
+#include "nn/optim/adam.h"
+#include "nn/optim/sgd.h"
+#include "train/train_loop.h"
+
+using namespace weft;
+
+namespace {
+
+struct Config {
+  std::string model = "convnet", data = "fashion-mnist", data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string device, optimizer = "sgd", mode = "single", checkpoint, resume, metrics_json;
+  int epochs = 3, workers = 0;
+  int64_t batch_size = 100;
+  double lr = 0.01, momentum = 0.9;
+  std::optional<double> weight_decay;  // unset: the optimizer's own default (AdamW: 1e-2)
+  uint64_t seed = 0;
+  bool no_progress = false;
+};
+
+// Images with a class-dependent pattern plus noise: learnable, and needs no files.
+std::shared_ptr<data::Dataset> synthetic(int64_t n, uint64_t seed) {
+  Generator gen(seed);
+  Generator prototypes_gen(1234);  // the same classes for train and test
+  Tensor prototypes = randn({10, 1, 28, 28}, DType::Float32, &prototypes_gen);
+  Tensor labels = randint(0, 10, {n}, DType::Int64, &gen);
+  Tensor images = add(index_select(prototypes, 0, labels), mul(randn({n, 1, 28, 28}, DType::Float32, &gen), 2.0));
+  return std::make_shared<data::TensorDataset>(images, labels);
+}
+
+std::shared_ptr<nn::Module> make_model(const std::string& name) {
+  if (name == "convnet") return std::make_shared<nn::ConvNet>();
+  if (name == "mlp") return std::make_shared<nn::MLP>();
+  return std::make_shared<nn::ResNet>();
+}
+
+std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, const std::vector<Tensor>& params) {
+  if (c.optimizer == "sgd") {
+    optim::SGDOptions o;
+    o.lr = c.lr;
+    o.momentum = c.momentum;
+    o.weight_decay = c.weight_decay.value_or(0.0);
+    return std::make_shared<optim::SGD>(params, o);
+  }
+  if (c.optimizer == "adam") {
+    optim::AdamOptions o;
+    o.lr = c.lr;
+    o.weight_decay = c.weight_decay.value_or(o.weight_decay);
+    return std::make_shared<optim::Adam>(params, o);
+  }
+  optim::AdamWOptions o;
+  o.lr = c.lr;
+  o.weight_decay = c.weight_decay.value_or(o.weight_decay);
+  return std::make_shared<optim::AdamW>(params, o);
+}
+
+int run(const Config& c) {
+  manual_seed(c.seed);
+  Device device(c.device.empty() ? (cuda_available() ? "cuda" : "cpu") : c.device);
+  train::GpuMode mode = train::parse_gpu_mode(c.mode);
+
+  std::shared_ptr<data::Dataset> train_set, test_set;
+  if (c.data == "fashion-mnist") {
+    train_set = std::make_shared<data::FashionMNIST>(c.data_dir, /*train=*/true);
+    test_set = std::make_shared<data::FashionMNIST>(c.data_dir, /*train=*/false);
+  } else {
+    train_set = synthetic(10000, c.seed + 1);
+    test_set = synthetic(2000, c.seed + 2);
+  }
+  data::DataLoaderOptions train_options;
+  train_options.batch_size = c.batch_size;
+  train_options.shuffle = true;
+  train_options.num_workers = c.workers;
+  train_options.seed = c.seed;
+  data::DataLoaderOptions test_options = train_options;
+  test_options.shuffle = false;
+  test_options.batch_size = 1000;
+  auto train_loader = std::make_shared<data::DataLoader>(train_set, train_options);
+  auto test_loader = std::make_shared<data::DataLoader>(test_set, test_options);
+
+  std::shared_ptr<nn::Module> model = make_model(c.model);
+  model->to(device);
+  auto optimizer = make_optimizer(c, model->parameters());
+  nn::CrossEntropyLoss criterion;
+
+  train::TrainLoopOptions options;
+  options.gpu_mode = mode;
+  options.device = device;
+  options.checkpoint_path = c.checkpoint;
+  options.progress = !c.no_progress;
+  train::TrainLoop loop(model, train_loader, nullptr, test_loader, optimizer,
+                        [criterion](const Tensor& out, const Tensor& y) { return criterion(out, y); }, options);
+  if (!c.resume.empty()) {
+    loop.resume(c.resume);
+    std::cout << "resumed from " << c.resume << " after epoch " << loop.epoch() << "\n";
+  }
+  std::cout << "weft-train: " << c.model << " on " << c.data << " (" << train_set->size() << " train, "
+            << test_set->size() << " test), " << device << ", " << c.optimizer << " lr " << c.lr << ", batch "
+            << c.batch_size << ", " << num_threads() << " CPU threads\n";
+  std::vector<train::EpochResult> results = loop.fit(c.epochs);
+
+  if (!c.metrics_json.empty()) {
+    double images = 0, seconds = 0;
+    for (const auto& r : results) images += r.images_per_second * r.seconds, seconds += r.seconds;
+    const train::EpochResult* last = results.empty() ? nullptr : &results.back();
+    std::ofstream out(c.metrics_json);
+    out << "{\n  \"test_accuracy\": " << (last && last->test ? last->test->accuracy : 0.0)
+        << ",\n  \"final_loss\": " << (last ? last->train_loss : 0.0)
+        << ",\n  \"images_per_second\": " << (seconds > 0 ? images / seconds : 0.0) << ",\n  \"epochs\": " << loop.epoch()
+        << ",\n  \"world_size\": 1,\n  \"mode\": \"" << train::gpu_mode_name(mode) << "\",\n  \"device\": \""
+        << device << "\",\n  \"framework\": \"weft\",\n  \"threads\": " << num_threads() << "\n}\n";
+    WEFT_CHECK(out.good(), "weft-train: cannot write metrics to '", c.metrics_json, "'");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  CLI::App app{"weft-train: train a model on Fashion-MNIST with weft"};
+  app.add_option("--model", c.model, "convnet, mlp or resnet")->check(CLI::IsMember({"convnet", "mlp", "resnet"}));
+  app.add_option("--data", c.data, "fashion-mnist or synthetic")->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
+  app.add_option("--data-dir", c.data_dir, "where the Fashion-MNIST IDX files are");
+  app.add_option("--device", c.device, "cpu, cpu:N, cuda or cuda:N (default: cuda when available, else cpu)");
+  app.add_option("--mode", c.mode, "single (dp, ddp and pipeline come with the parallel layer)");
+  app.add_option("--epochs", c.epochs, "epochs to train (in total, when resuming)")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", c.batch_size, "samples per batch")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  app.add_option("--lr", c.lr, "learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", c.weight_decay, "weight decay (default: 0 for sgd and adam, 1e-2 for adamw)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", c.seed, "seed of the weights, the shuffling and dropout");
+  app.add_option("--workers", c.workers, "data-loader worker threads")->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint", c.checkpoint, "save a checkpoint here after every epoch");
+  app.add_option("--resume", c.resume, "resume from this checkpoint");
+  app.add_option("--metrics-json", c.metrics_json, "write the final metrics here");
+  app.add_flag("--no-progress", c.no_progress, "no per-step progress, only a line per epoch");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(c);
+  } catch (const std::exception& e) {
+    std::cerr << "weft-train: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,54 @@
+// Parameter-free layers: ReLU, GELU, Dropout and Flatten (torch.nn's names and defaults).
+#pragma once
+
+#include <cstdint>
+
+#include "core/generator.h"
+#include "nn/module.h"
+
+namespace weft::nn {
+
+class ReLU : public Cloneable<ReLU> {
+ public:
+  ReLU() : Cloneable("ReLU") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+// The exact (erf) form, PyTorch's default approximate='none'; weft has no tanh form.
+class GELU : public Cloneable<GELU> {
+ public:
+  GELU() : Cloneable("GELU") {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override { return "approximate='none'"; }
+};
+
+// Zeroes elements with probability p and scales the rest by 1 / (1 - p) in training; the
+// identity in evaluation. The masks come from `gen` (the default generator when null),
+// which must outlive the layer and its clones (a clone shares it: replicas then draw
+// different masks from one stream, as PyTorch's replicas share one generator).
+class Dropout : public Cloneable<Dropout> {
+ public:
+  explicit Dropout(double p = 0.5, Generator* gen = nullptr);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  double p() const { return p_; }
+
+ private:
+  double p_;
+  Generator* gen_;
+};
+
+// Flattens dims start_dim..end_dim into one (a view when the strides allow it).
+class Flatten : public Cloneable<Flatten> {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+ private:
+  int64_t start_dim_;
+  int64_t end_dim_;
+};
+
+}  // namespace weft::nn

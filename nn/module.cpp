@@ -1,0 +1,216 @@
+// Module: registration, traversal, device moves, state dicts and deep copies.
+#include "nn/module.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "core/autograd.h"
+
+namespace weft::nn {
+
+void Module::check_new_name(const std::string& name) const {
+  WEFT_CHECK(!name.empty() && name.find('.') == std::string::npos, type_name_, ": invalid name '", name,
+             "' (names are non-empty and contain no '.')");
+  auto taken = [&](const auto& list) {
+    return std::any_of(list.begin(), list.end(), [&](const auto& e) { return e.first == name; });
+  };
+  WEFT_CHECK(!taken(params_) && !taken(buffers_) && !taken(children_), type_name_, ": the name '", name,
+             "' is already registered");
+}
+
+const Tensor& Module::register_parameter(std::string name, Tensor value, bool requires_grad) {
+  check_new_name(name);
+  WEFT_CHECK(value.defined(), type_name_, ": parameter '", name, "' is an undefined tensor");
+  Tensor leaf = value.is_leaf() ? value : value.detach();
+  if (requires_grad && !leaf.requires_grad()) leaf.requires_grad_(true);
+  params_.emplace_back(std::move(name), std::move(leaf));
+  return params_.back().second;
+}
+
+const Tensor& Module::register_buffer(std::string name, Tensor value) {
+  check_new_name(name);
+  WEFT_CHECK(value.defined(), type_name_, ": buffer '", name, "' is an undefined tensor");
+  buffers_.emplace_back(std::move(name), value.detach());
+  return buffers_.back().second;
+}
+
+namespace {
+template <class List>
+auto find_entry(const List& list, std::string_view name) {
+  return std::find_if(list.begin(), list.end(), [&](const auto& e) { return e.first == name; });
+}
+}  // namespace
+
+const Tensor& Module::param(std::string_view name) const {
+  auto it = find_entry(params_, name);
+  WEFT_CHECK(it != params_.end(), type_name_, " has no parameter '", name, "'");
+  return it->second;
+}
+
+bool Module::has_param(std::string_view name) const { return find_entry(params_, name) != params_.end(); }
+
+const Tensor& Module::buffer(std::string_view name) const {
+  auto it = find_entry(buffers_, name);
+  WEFT_CHECK(it != buffers_.end(), type_name_, " has no buffer '", name, "'");
+  return it->second;
+}
+
+Module& Module::child(std::string_view name) const {
+  auto it = find_entry(children_, name);
+  WEFT_CHECK(it != children_.end(), type_name_, " has no child module '", name, "'");
+  return *it->second;
+}
+
+void Module::collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out) const {
+  for (const auto& [name, t] : params ? params_ : buffers_) out.emplace_back(prefix + name, t);
+  if (!recurse) return;
+  for (const auto& [name, c] : children_) c->collect(prefix + name + ".", true, params, out);
+}
+
+NamedTensors Module::named_parameters(bool recurse) const {
+  NamedTensors out;
+  collect("", recurse, true, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+NamedTensors Module::named_buffers(bool recurse) const {
+  NamedTensors out;
+  collect("", recurse, false, out);
+  return out;
+}
+
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_buffers(recurse)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, const Module*>> Module::named_modules() const {
+  std::vector<std::pair<std::string, const Module*>> out{{"", this}};
+  for (const auto& [name, c] : children_)
+    for (auto& [sub, m] : c->named_modules()) out.emplace_back(sub.empty() ? name : name + "." + sub, m);
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, c] : children_) c->train(on);
+}
+
+void Module::to(Device device) {
+  NoGradGuard no_grad;
+  for (auto& [name, p] : params_) p.set_data(p.to(device));
+  for (auto& [name, b] : buffers_) b = b.to(device);
+  for (auto& [name, c] : children_) c->to(device);
+}
+
+void Module::to(DType dtype) {
+  WEFT_CHECK(is_floating(dtype), type_name_, ".to: modules convert to floating dtypes only, got ", dtype);
+  NoGradGuard no_grad;
+  for (auto& [name, p] : params_)
+    if (is_floating(p.dtype())) p.set_data(p.to(dtype));
+  for (auto& [name, b] : buffers_)
+    if (is_floating(b.dtype())) b = b.to(dtype);
+  for (auto& [name, c] : children_) c->to(dtype);
+}
+
+Device Module::device() const {
+  auto params = named_parameters();
+  if (!params.empty()) return params.front().second.device();
+  auto buffers = named_buffers();
+  return buffers.empty() ? kCPU : buffers.front().second.device();
+}
+
+void Module::zero_grad() {
+  for (Tensor& p : parameters()) p.set_grad(Tensor());
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out = named_parameters();
+  for (auto& entry : named_buffers()) out.push_back(std::move(entry));
+  for (auto& [name, t] : out) t = t.detach();
+  return out;
+}
+
+void Module::load_state_dict(const NamedTensors& state, bool strict) {
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [name, t] : state) given[name] = &t;
+  std::vector<std::string> missing, mismatched;
+  NamedTensors own = named_parameters();
+  for (auto& entry : named_buffers()) own.push_back(entry);
+  for (const auto& [name, t] : own) {
+    auto it = given.find(name);
+    if (it == given.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    if (!it->second->defined() || it->second->shape() != t.shape())
+      mismatched.push_back(name + " (checkpoint " + (it->second->defined() ? it->second->shape().str() : "undefined") +
+                           ", model " + t.shape().str() + ")");
+    given.erase(it);
+  }
+  std::ostringstream problems;
+  auto list = [&](const char* what, const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    problems << (problems.tellp() > 0 ? "; " : "") << what << ": ";
+    for (size_t i = 0; i < names.size(); ++i) problems << (i ? ", " : "") << names[i];
+  };
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : given) unexpected.push_back(name);
+  list("shape mismatch", mismatched);
+  if (strict) {
+    list("missing keys", missing);
+    list("unexpected keys", unexpected);
+  }
+  WEFT_CHECK(problems.tellp() == 0, "load_state_dict for ", type_name_, ": ", problems.str());
+  NoGradGuard no_grad;
+  for (const auto& [name, t] : own) {
+    auto src = std::find_if(state.begin(), state.end(), [&](const auto& e) { return e.first == name; });
+    if (src != state.end()) t.copy_(src->second);
+  }
+}
+
+std::shared_ptr<Module> Module::clone(std::optional<Device> device) const {
+  std::shared_ptr<Module> copy = shallow_copy();
+  NoGradGuard no_grad;
+  // A fresh copy, on `device` if one was given, else where the original lives.
+  auto fresh = [&](const Tensor& t) { return device && *device != t.device() ? t.to(*device) : t.clone(); };
+  for (auto& [name, p] : copy->params_) {
+    bool requires_grad = p.requires_grad();
+    p = fresh(p.detach());
+    if (requires_grad) p.requires_grad_(true);
+  }
+  for (auto& [name, b] : copy->buffers_) b = fresh(b);
+  for (auto& [name, c] : copy->children_) c = c->clone(device);
+  return copy;
+}
+
+std::string Module::repr() const {
+  std::string out;
+  repr_into(out, 0);
+  return out;
+}
+
+void Module::repr_into(std::string& out, int indent) const {
+  out += type_name_ + "(" + extra_repr();
+  if (children_.empty()) {
+    out += ")";
+    return;
+  }
+  out += "\n";
+  for (const auto& [name, c] : children_) {
+    out += std::string(indent + 2, ' ') + "(" + name + "): ";
+    c->repr_into(out, indent + 2);
+    out += "\n";
+  }
+  out += std::string(indent, ' ') + ")";
+}
+
+}  // namespace weft::nn

@@ -1,0 +1,127 @@
+// Module: the tree of layers that owns parameters and buffers (PyTorch's nn.Module).
+//
+// A module registers its parameters, buffers and children by name in its constructor and
+// reads them back by name in forward(): `linear(x, param("weight"), param("bias"))`.
+// Keeping every tensor and child in the registry (and none in typed members) is what
+// makes the generic operations exact: clone() deep-copies any module tree (replicate()
+// for DataParallel builds on it), to() moves every tensor, state_dict() sees everything.
+// Derived classes therefore must not keep Tensor or child handles of their own.
+//
+// Modules are held by std::shared_ptr; a concrete module derives from
+// Cloneable<Itself>, which supplies the copy that clone() starts from.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace weft::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+
+  virtual Tensor forward(const Tensor& input) = 0;
+  Tensor operator()(const Tensor& input) { return forward(input); }
+
+  const std::string& type_name() const { return type_name_; }
+  // The configuration in one line, e.g. "in_features=784, out_features=10, bias=true".
+  virtual std::string extra_repr() const { return ""; }
+  // The whole tree, printed as PyTorch prints a module.
+  std::string repr() const;
+
+  // --- the tree ---------------------------------------------------------------------
+  // Dotted names ("layer1.0.conv1.weight"), registration order, parents before children.
+  NamedTensors named_parameters(bool recurse = true) const;
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  NamedTensors named_buffers(bool recurse = true) const;
+  std::vector<Tensor> buffers(bool recurse = true) const;
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
+  // This module ("") and every descendant, depth first.
+  std::vector<std::pair<std::string, const Module*>> named_modules() const;
+
+  // This module's own entries; a missing name is an error naming the module's type.
+  const Tensor& param(std::string_view name) const;
+  const Tensor& buffer(std::string_view name) const;
+  bool has_param(std::string_view name) const;
+  Module& child(std::string_view name) const;
+  template <class M>
+  M& child_as(std::string_view name) const;
+
+  // --- state ------------------------------------------------------------------------
+  void train(bool on = true);  // recursive, as in PyTorch
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // Moves every parameter and buffer, keeping the parameters' identities (handles held
+  // by an optimizer stay valid); grads are dropped.
+  void to(Device device);
+  void to(DType dtype);  // floating parameters and buffers only, as PyTorch
+  // The device of the first parameter or buffer (cpu:0 for a module without tensors).
+  Device device() const;
+  // Sets every parameter's gradient to none (PyTorch's zero_grad(set_to_none=True)).
+  void zero_grad();
+
+  // Parameters then buffers of every module, by dotted name; detached aliases.
+  NamedTensors state_dict() const;
+  // Copies values in. With strict, missing and unexpected names are errors; a shape
+  // mismatch always is. One error lists every problem found.
+  void load_state_dict(const NamedTensors& state, bool strict = true);
+
+  // A deep copy of the whole tree (on `device` if given): new leaves with the same
+  // values and requires_grad, same training mode.
+  std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const;
+
+ protected:
+  const Tensor& register_parameter(std::string name, Tensor value, bool requires_grad = true);
+  const Tensor& register_buffer(std::string name, Tensor value);
+  template <class M>
+  M& register_module(std::string name, std::shared_ptr<M> module) {
+    check_new_name(name);
+    M& ref = *module;
+    children_.emplace_back(std::move(name), std::move(module));
+    return ref;
+  }
+  // A copy that shares tensors and children with this one; clone() then replaces them.
+  virtual std::shared_ptr<Module> shallow_copy() const = 0;
+
+ private:
+  void check_new_name(const std::string& name) const;
+  void collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out) const;
+  void repr_into(std::string& out, int indent) const;
+
+  std::string type_name_;
+  bool training_ = true;
+  NamedTensors params_;
+  NamedTensors buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+template <class Derived>
+class Cloneable : public Module {
+ public:
+  using Module::Module;
+
+ protected:
+  std::shared_ptr<Module> shallow_copy() const override {
+    return std::make_shared<Derived>(static_cast<const Derived&>(*this));
+  }
+};
+
+template <class M>
+M& Module::child_as(std::string_view name) const {
+  Module& m = child(name);
+  auto* typed = dynamic_cast<M*>(&m);
+  WEFT_CHECK(typed != nullptr, type_name_, ": child '", name, "' is a ", m.type_name(), ", not the type asked for");
+  return *typed;
+}
+
+}  // namespace weft::nn

@@ -1,0 +1,148 @@
+// TrainLoop: training reduces the loss, callbacks fire in order, evaluation counts, and
+// a run resumed from a checkpoint ends bit-identical to one that never stopped.
+#include "test_util.h"
+
+#include <filesystem>
+#include <unistd.h>
+
+#include "data/dataloader.h"
+#include "data/dataset.h"
+#include "nn/loss.h"
+#include "nn/models/mlp.h"
+#include "nn/optim/adam.h"
+#include "nn/optim/sgd.h"
+#include "nn/safetensors.h"
+#include "train/train_loop.h"
+
+using namespace weft;
+using doctest::Contains;
+
+namespace {
+
+// Four separable classes in 8 dimensions.
+std::shared_ptr<data::Dataset> blobs(int64_t n, uint64_t seed) {
+  Generator gen(seed), centres_gen(99);
+  Tensor centres = mul(randn({4, 8}, DType::Float32, &centres_gen), 3.0);
+  Tensor labels = randint(0, 4, {n}, DType::Int64, &gen);
+  Tensor x = add(index_select(centres, 0, labels), randn({n, 8}, DType::Float32, &gen));
+  return std::make_shared<data::TensorDataset>(x, labels);
+}
+
+struct Run {
+  std::shared_ptr<nn::Module> model;
+  std::shared_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<train::TrainLoop> loop;
+};
+
+// A fresh set-up; `init_seed` decides the initial weights (a resumed run must not care).
+Run make_run(uint64_t init_seed, bool adam, const std::string& checkpoint, std::ostream& log) {
+  Run r;
+  manual_seed(init_seed);
+  r.model = std::make_shared<nn::MLP>(8, std::vector<int64_t>{16}, 4, /*dropout=*/0.2);
+  if (adam) r.optimizer = std::make_shared<optim::Adam>(r.model->parameters(), optim::AdamOptions{0.01});
+  else r.optimizer = std::make_shared<optim::SGD>(r.model->parameters(), optim::SGDOptions{0.05, 0.9});
+  data::DataLoaderOptions o;
+  o.batch_size = 32;
+  o.shuffle = true;
+  o.seed = 5;
+  auto train = std::make_shared<data::DataLoader>(blobs(256, 1), o);
+  o.shuffle = false;
+  auto test = std::make_shared<data::DataLoader>(blobs(128, 2), o);
+  train::TrainLoopOptions options;
+  options.checkpoint_path = checkpoint;
+  options.log = &log;
+  nn::CrossEntropyLoss loss;
+  r.loop = std::make_unique<train::TrainLoop>(r.model, train, nullptr, test, r.optimizer,
+                                              [loss](const Tensor& out, const Tensor& y) { return loss(out, y); },
+                                              options);
+  return r;
+}
+
+std::string scratch(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("weft_test_loop_" + std::to_string(::getpid()) + name)).string();
+}
+
+struct Recorder : train::Callback {
+  std::vector<std::string> events;
+  void on_epoch_begin(train::TrainLoop&, int epoch) override { events.push_back("begin " + std::to_string(epoch)); }
+  void on_batch_begin(train::TrainLoop&, int64_t step) override {
+    if (step == 0) events.push_back("batch");
+  }
+  void on_after_optimizer_step(train::TrainLoop&, int64_t step) override {
+    if (step == 0) events.push_back("step");
+  }
+  void on_batch_end(train::TrainLoop&, int64_t step, double loss) override {
+    if (step == 0) events.push_back(std::isfinite(loss) ? "end" : "nan");
+  }
+  void on_epoch_end(train::TrainLoop&, const train::EpochResult& r) override {
+    events.push_back("epoch " + std::to_string(r.epoch));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fit trains, evaluates and calls back in order") {
+  std::ostringstream log;
+  Run r = make_run(3, false, "", log);
+  auto recorder = std::make_shared<Recorder>();
+  r.loop->add_callback(recorder);
+  train::Evaluation before = r.loop->evaluate(*std::make_shared<data::DataLoader>(blobs(128, 2)));
+  std::vector<train::EpochResult> results = r.loop->fit(3);
+  REQUIRE(results.size() == 3);
+  CHECK(results[2].train_loss < results[0].train_loss);
+  REQUIRE(results[2].test.has_value());
+  CHECK(results[2].test->samples == 128);
+  CHECK(results[2].test->accuracy > 0.9);
+  CHECK(results[2].test->accuracy > before.accuracy);
+  CHECK(results[0].images_per_second > 0);
+  CHECK(r.loop->epoch() == 3);
+  CHECK(recorder->events == std::vector<std::string>{"begin 1", "batch", "step", "end", "epoch 1", "begin 2", "batch",
+                                                      "step", "end", "epoch 2", "begin 3", "batch", "step", "end",
+                                                      "epoch 3"});
+  CHECK(log.str().find("epoch 3/3: train loss") != std::string::npos);
+  CHECK(r.loop->fit(3).empty());  // already done
+}
+
+TEST_CASE("resuming from the epoch-1 checkpoint ends with the same weights") {
+  for (bool adam : {false, true}) {
+    CAPTURE(adam);
+    std::ostringstream log;
+    std::string straight = scratch("straight.safetensors"), stopped = scratch("stopped.safetensors");
+    Run a = make_run(7, adam, straight, log);
+    a.loop->fit(3);
+
+    Run b = make_run(7, adam, stopped, log);
+    b.loop->fit(1);
+    b = Run();
+    manual_seed(12345);  // disturb the generator: resume must restore it
+    Run c = make_run(8, adam, stopped, log);  // other initial weights: resume overwrites them
+    c.loop->resume(stopped);
+    CHECK(c.loop->epoch() == 1);
+    c.loop->fit(3);
+
+    auto pa = a.model->parameters(), pc = c.model->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) CHECK_CLOSE(pc[i], pa[i], 0, 0);
+    auto sa = a.optimizer->state_dict(), sc = c.optimizer->state_dict();
+    REQUIRE(sa.tensors.size() == sc.tensors.size());
+    for (size_t i = 0; i < sa.tensors.size(); ++i) CHECK_CLOSE(sc.tensors[i].second, sa.tensors[i].second, 0, 0);
+    std::filesystem::remove(straight);
+    std::filesystem::remove(stopped);
+  }
+}
+
+TEST_CASE("TrainLoop errors") {
+  std::ostringstream log;
+  CHECK(train::parse_gpu_mode("single") == train::GpuMode::Single);
+  CHECK_THROWS_WITH_AS(train::parse_gpu_mode("ddp"), Contains("'ddp' is not implemented yet"), Error);
+  CHECK_THROWS_WITH_AS(train::parse_gpu_mode("tpu"), Contains("unknown gpu mode 'tpu'"), Error);
+  Run r = make_run(1, false, "", log);
+  std::string bogus = scratch("bogus.safetensors");
+  save_safetensors(bogus, {{"w", zeros({2})}});
+  CHECK_THROWS_WITH_AS(r.loop->resume(bogus), Contains("is not a weft checkpoint"), Error);
+  std::filesystem::remove(bogus);
+  r.model->to(Device("cpu:1"));
+  auto loader = std::make_shared<data::DataLoader>(blobs(8, 1));
+  CHECK_THROWS_WITH_AS(train::TrainLoop(r.model, loader, nullptr, nullptr, r.optimizer,
+                                        [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); }),
+                       Contains("the model is on cpu:1 but the loop runs on cpu:0"), Error);
+}

@@ -1,0 +1,46 @@
+// Progress bar and plain progress lines.
+#include "train/progress.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+
+namespace weft::train {
+
+Progress::Progress(std::ostream& out, bool bar, int epoch, int epochs, int64_t steps)
+    : out_(out), bar_(bar), epoch_(epoch), epochs_(epochs), steps_(steps),
+      start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
+
+bool Progress::is_terminal(const std::ostream& out) { return &out == &std::cout && ::isatty(STDOUT_FILENO); }
+
+void Progress::update(int64_t steps_done, double loss, int64_t images_done) {
+  auto now = std::chrono::steady_clock::now();
+  double elapsed = std::chrono::duration<double>(now - start_).count();
+  double rate = elapsed > 0 ? images_done / elapsed : 0;
+  double eta = steps_done > 0 ? elapsed * (steps_ - steps_done) / steps_done : 0;
+  if (bar_) {
+    // Redrawing more than ten times a second only costs time.
+    if (steps_done < steps_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+    last_draw_ = now;
+    constexpr int kWidth = 30;
+    int filled = steps_ > 0 ? static_cast<int>(kWidth * steps_done / steps_) : kWidth;
+    out_ << "\repoch " << epoch_ << "/" << epochs_ << " [" << std::string(filled, '=')
+         << std::string(kWidth - filled, ' ') << "] " << steps_done << "/" << steps_ << " loss " << std::fixed
+         << std::setprecision(4) << loss << " " << std::setprecision(0) << rate << " img/s ETA " << eta << "s   "
+         << std::flush;
+    return;
+  }
+  if (steps_done < next_line_ || steps_done == 0) return;
+  next_line_ = steps_done + std::max<int64_t>(1, steps_ / 10);
+  out_ << "epoch " << epoch_ << "/" << epochs_ << " step " << steps_done << "/" << steps_ << " loss " << std::fixed
+       << std::setprecision(4) << loss << " " << std::setprecision(0) << rate << " img/s ETA " << eta << "s\n"
+       << std::flush;
+}
+
+void Progress::finish() {
+  if (bar_) out_ << "\n";
+}
+
+}  // namespace weft::train

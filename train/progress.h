@@ -1,0 +1,30 @@
+// Progress: one epoch's progress as a bar on a terminal (step, loss, images/s, ETA,
+// redrawn in place) or as a few plain lines elsewhere (logs, CI), never both.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+
+namespace weft::train {
+
+class Progress {
+ public:
+  // bar: redraw a bar in place; otherwise print a plain line every 10% of the epoch.
+  Progress(std::ostream& out, bool bar, int epoch, int epochs, int64_t steps);
+  void update(int64_t steps_done, double loss, int64_t images_done);
+  void finish();
+
+  // Whether `out` is std::cout connected to a terminal.
+  static bool is_terminal(const std::ostream& out);
+
+ private:
+  std::ostream& out_;
+  bool bar_;
+  int epoch_, epochs_;
+  int64_t steps_;
+  int64_t next_line_ = 0;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+}  // namespace weft::train

@@ -1,0 +1,205 @@
+// TrainLoop: the epoch loop, evaluation and checkpoints.
+#include "train/train_loop.h"
+
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+#include <map>
+
+#include "core/autograd.h"
+#include "core/generator.h"
+#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
+#include "nn/safetensors.h"
+#include "train/progress.h"
+
+namespace weft::train {
+
+GpuMode parse_gpu_mode(const std::string& name) {
+  if (name == "single") return GpuMode::Single;
+  WEFT_CHECK(name != "dp" && name != "ddp" && name != "pipeline", "gpu mode '", name,
+             "' is not implemented yet (the parallel layer adds it); use single");
+  WEFT_FAIL("unknown gpu mode '", name, "' (expected single, dp, ddp or pipeline)");
+}
+
+const char* gpu_mode_name(GpuMode mode) {
+  switch (mode) {
+    case GpuMode::Single: return "single";
+  }
+  return "unknown";
+}
+
+TrainLoop::TrainLoop(std::shared_ptr<nn::Module> model, std::shared_ptr<data::DataLoader> train_loader,
+                     std::shared_ptr<data::DataLoader> val_loader, std::shared_ptr<data::DataLoader> test_loader,
+                     std::shared_ptr<optim::Optimizer> optimizer, Criterion criterion, TrainLoopOptions options)
+    : model_(std::move(model)), train_loader_(std::move(train_loader)), val_loader_(std::move(val_loader)),
+      test_loader_(std::move(test_loader)), optimizer_(std::move(optimizer)), criterion_(std::move(criterion)),
+      options_(std::move(options)) {
+  WEFT_CHECK(model_ && train_loader_ && optimizer_ && criterion_, "TrainLoop: the model, the train loader, the "
+             "optimizer and the criterion are required");
+  WEFT_CHECK(model_->device() == options_.device, "TrainLoop: the model is on ", model_->device(),
+             " but the loop runs on ", options_.device, " (move the model first: model->to(device))");
+}
+
+namespace {
+std::ostream& log_stream(const TrainLoopOptions& o) { return o.log ? *o.log : std::cout; }
+}  // namespace
+
+EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
+  std::ostream& log = log_stream(options_);
+  model_->train();
+  train_loader_->set_epoch(epoch - 1);
+  const int64_t steps = static_cast<int64_t>(train_loader_->size());
+  Progress progress(log, Progress::is_terminal(log), epoch, epochs, steps);
+  double loss_sum = 0;
+  int64_t step = 0, images = 0;
+  auto start = std::chrono::steady_clock::now();
+  for (const data::Batch& batch : *train_loader_) {
+    for (auto& cb : callbacks_) cb->on_batch_begin(*this, step);
+    Tensor x = batch.data.to(options_.device), y = batch.target.to(options_.device);
+    optimizer_->zero_grad();
+    Tensor loss = criterion_(model_->forward(x), y);
+    loss.backward();
+    optimizer_->step();
+    for (auto& cb : callbacks_) cb->on_after_optimizer_step(*this, step);
+    double value = loss.item();
+    loss_sum += value;
+    images += x.size(0);
+    ++step;
+    for (auto& cb : callbacks_) cb->on_batch_end(*this, step - 1, value);
+    if (options_.progress) progress.update(step, value, images);
+  }
+  progress.finish();
+  EpochResult result;
+  result.epoch = epoch;
+  result.train_loss = step > 0 ? loss_sum / step : 0;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.images_per_second = result.seconds > 0 ? images / result.seconds : 0;
+  return result;
+}
+
+std::vector<EpochResult> TrainLoop::fit(int epochs) {
+  std::ostream& log = log_stream(options_);
+  std::vector<EpochResult> results;
+  while (epoch_ < epochs) {
+    int epoch = epoch_ + 1;
+    for (auto& cb : callbacks_) cb->on_epoch_begin(*this, epoch);
+    EpochResult result = train_epoch(epoch, epochs);
+    if (val_loader_) result.val = evaluate(*val_loader_);
+    if (test_loader_) result.test = evaluate(*test_loader_);
+    epoch_ = epoch;
+    log << "epoch " << epoch << "/" << epochs << ": train loss " << std::fixed << std::setprecision(4)
+        << result.train_loss;
+    if (result.val) log << ", val loss " << result.val->loss << ", val accuracy " << result.val->accuracy;
+    if (result.test) log << ", test accuracy " << result.test->accuracy;
+    log << ", " << std::setprecision(0) << result.images_per_second << " images/s" << std::endl;
+    if (!options_.checkpoint_path.empty()) save_checkpoint(options_.checkpoint_path);
+    for (auto& cb : callbacks_) cb->on_epoch_end(*this, result);
+    results.push_back(result);
+  }
+  return results;
+}
+
+Evaluation TrainLoop::evaluate(data::DataLoader& loader) {
+  NoGradGuard no_grad;
+  bool was_training = model_->is_training();
+  model_->eval();
+  Evaluation e;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (const data::Batch& batch : loader) {
+    Tensor x = batch.data.to(options_.device), y = batch.target.to(options_.device);
+    Tensor out = model_->forward(x);
+    int64_t n = x.size(0);
+    loss_sum += criterion_(out, y).item() * static_cast<double>(n);
+    correct += static_cast<int64_t>(sum(eq(argmax(out, 1), y).to(DType::Int64)).item());
+    e.samples += n;
+  }
+  model_->train(was_training);
+  if (e.samples > 0) {
+    e.loss = loss_sum / static_cast<double>(e.samples);
+    e.accuracy = static_cast<double>(correct) / static_cast<double>(e.samples);
+  }
+  return e;
+}
+
+// --- checkpoints ----------------------------------------------------------------------
+//
+// One safetensors file: "model.<name>" and "optimizer.<name>" tensors; metadata holds
+// the epoch, the optimizer's scalars and the default generator's (seed, offset). Doubles
+// are written with 17 significant digits, which reads back to the same double.
+
+namespace {
+
+constexpr const char* kFormat = "weft-checkpoint-1";
+
+std::string exact(double v) {
+  char buffer[40];
+  std::snprintf(buffer, sizeof buffer, "%.17g", v);
+  return buffer;
+}
+
+const std::string& metadata_value(const std::map<std::string, std::string>& meta, const std::string& key,
+                                  const std::string& path) {
+  auto it = meta.find(key);
+  WEFT_CHECK(it != meta.end(), "resume: checkpoint '", path, "' has no '", key, "' entry in its metadata");
+  return it->second;
+}
+
+double parse_double(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
+  const std::string& text = metadata_value(meta, key, path);
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  WEFT_CHECK(!text.empty() && *end == '\0', "resume: checkpoint '", path, "': metadata '", key,
+             "' is not a number: '", text, "'");
+  return v;
+}
+
+uint64_t parse_u64(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
+  const std::string& text = metadata_value(meta, key, path);
+  uint64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  WEFT_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size(), "resume: checkpoint '", path,
+             "': metadata '", key, "' is not a non-negative integer: '", text, "'");
+  return v;
+}
+
+}  // namespace
+
+void TrainLoop::save_checkpoint(const std::string& path) const {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, t] : model_->state_dict()) tensors.emplace_back("model." + name, t);
+  optim::OptimizerState state = optimizer_->state_dict();
+  for (auto& [name, t] : state.tensors) tensors.emplace_back("optimizer." + name, t);
+  std::map<std::string, std::string> meta{{"format", kFormat},
+                                          {"epoch", std::to_string(epoch_)},
+                                          {"rng.seed", std::to_string(default_generator().seed())},
+                                          {"rng.offset", std::to_string(default_generator().offset())}};
+  for (auto& [name, v] : state.scalars) meta["optimizer." + name] = exact(v);
+  save_safetensors(path, tensors, meta);
+}
+
+void TrainLoop::resume(const std::string& path) {
+  SafetensorsFile file = load_safetensors(path);
+  auto format = file.metadata.find("format");
+  WEFT_CHECK(format != file.metadata.end() && format->second == kFormat, "resume: '", path,
+             "' is not a weft checkpoint (metadata 'format' should be '", kFormat, "')");
+  nn::NamedTensors model_state;
+  optim::OptimizerState optimizer_state;
+  for (auto& [name, t] : file.tensors) {
+    if (name.rfind("model.", 0) == 0) model_state.emplace_back(name.substr(6), t);
+    else if (name.rfind("optimizer.", 0) == 0) optimizer_state.tensors.emplace_back(name.substr(10), t.to(options_.device));
+    else WEFT_FAIL("resume: '", path, "' holds an unexpected tensor '", name, "'");
+  }
+  for (auto& [key, value] : file.metadata)
+    if (key.rfind("optimizer.", 0) == 0) optimizer_state.scalars[key.substr(10)] = parse_double(file.metadata, key, path);
+  model_->load_state_dict(model_state);
+  optimizer_->load_state_dict(optimizer_state);
+  epoch_ = static_cast<int>(parse_u64(file.metadata, "epoch", path));
+  default_generator().manual_seed(parse_u64(file.metadata, "rng.seed", path));
+  default_generator().set_offset(parse_u64(file.metadata, "rng.offset", path));
+}
+
+}  // namespace weft::train

@@ -1,0 +1,102 @@
+// TrainLoop: fit / evaluate / checkpoint / resume for a model, after seed 000's TrainLoop.
+//
+//   TrainLoop loop(model, train_loader, val_loader, test_loader, optimizer, criterion,
+//                  {.device = Device("cpu")});
+//   loop.fit(3);
+//
+// gpu_mode chooses how the model is run: single (one device) now; the parallel layer adds
+// dp, ddp and pipeline. An epoch sets the loaders' epoch (so shuffling is a function of
+// (seed, epoch)), trains over the train loader, then evaluates val and test. A
+// checkpoint holds the model, the optimizer, the epoch and the default generator's
+// state, so a resumed run ends with the same weights as an uninterrupted one.
+#pragma once
+
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "data/dataloader.h"
+#include "nn/module.h"
+#include "nn/optim/optimizer.h"
+
+namespace weft::train {
+
+enum class GpuMode { Single };
+GpuMode parse_gpu_mode(const std::string& name);  // "single"; dp, ddp, pipeline: not yet
+const char* gpu_mode_name(GpuMode mode);
+
+// loss = criterion(model output, target), reduced to a scalar mean over the batch.
+using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+struct Evaluation {
+  double loss = 0;      // mean over samples
+  double accuracy = 0;  // argmax of the output equals the target
+  int64_t samples = 0;
+};
+
+struct EpochResult {
+  int epoch = 0;              // 1-based
+  double train_loss = 0;      // mean of the batch losses
+  double seconds = 0;         // training only, evaluation excluded
+  double images_per_second = 0;
+  std::optional<Evaluation> val, test;
+};
+
+class TrainLoop;
+
+// Hooks into the loop; override what you need. `step` counts batches from 0 in an epoch.
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual void on_epoch_begin(TrainLoop& loop, int epoch) {}
+  virtual void on_epoch_end(TrainLoop& loop, const EpochResult& result) {}
+  virtual void on_batch_begin(TrainLoop& loop, int64_t step) {}
+  virtual void on_after_optimizer_step(TrainLoop& loop, int64_t step) {}
+  virtual void on_batch_end(TrainLoop& loop, int64_t step, double loss) {}
+};
+
+struct TrainLoopOptions {
+  GpuMode gpu_mode = GpuMode::Single;
+  Device device = kCPU;
+  std::string checkpoint_path;  // written after every epoch when not empty
+  bool progress = true;         // per-step progress: a bar on a terminal, plain lines otherwise
+  std::ostream* log = nullptr;  // where progress and epoch lines go (default std::cout)
+};
+
+class TrainLoop {
+ public:
+  TrainLoop(std::shared_ptr<nn::Module> model, std::shared_ptr<data::DataLoader> train_loader,
+            std::shared_ptr<data::DataLoader> val_loader, std::shared_ptr<data::DataLoader> test_loader,
+            std::shared_ptr<optim::Optimizer> optimizer, Criterion criterion, TrainLoopOptions options = {});
+
+  // Trains until `epochs` epochs are complete in total: after resume() from epoch 1,
+  // fit(3) trains epochs 2 and 3.
+  std::vector<EpochResult> fit(int epochs);
+  Evaluation evaluate(data::DataLoader& loader);
+  void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
+
+  void save_checkpoint(const std::string& path) const;
+  void resume(const std::string& path);
+
+  int epoch() const { return epoch_; }  // epochs completed
+  nn::Module& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  const TrainLoopOptions& options() const { return options_; }
+
+ private:
+  EpochResult train_epoch(int epoch, int epochs);
+
+  std::shared_ptr<nn::Module> model_;
+  std::shared_ptr<data::DataLoader> train_loader_, val_loader_, test_loader_;
+  std::shared_ptr<optim::Optimizer> optimizer_;
+  Criterion criterion_;
+  TrainLoopOptions options_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  int epoch_ = 0;
+};
+
+}  // namespace weft::train
