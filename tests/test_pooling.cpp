@@ -337,3 +337,20 @@ TEST_CASE("pooling: errors") {
                        weft::Error);
   CHECK_THROWS_WITH_AS(max_pool2d(Tensor(), {2, 2}), doctest::Contains("undefined"), weft::Error);
 }
+
+TEST_CASE("max_pool2d 2x2 fast path agrees with the general path on ties and NaN") {
+  // Small integers give many ties; a few NaNs go in as well. A non-unit inner stride
+  // sends the same values through the general path.
+  Generator gen(77);
+  Tensor x = randint(0, 3, {2, 3, 6, 8}, DType::Int64, &gen).to(DType::Float32);
+  Tensor flat = x.view({-1});
+  for (int64_t i : {5, 40, 41, 170, 287}) fill_(flat.narrow(0, i, 1), NAN);
+  Tensor strided = zeros({2, 3, 6, 16}).slice(3, 0, 16, 2);
+  strided.copy_(x);
+  REQUIRE(strided.stride(3) == 2);
+  auto [fast, fast_idx] = max_pool2d_with_indices(x, {2, 2});
+  auto [general, general_idx] = max_pool2d_with_indices(strided, {2, 2});
+  CHECK(fast_idx.to_vector<int64_t>() == general_idx.to_vector<int64_t>());
+  auto a = fast.to_vector<float>(), b = general.to_vector<float>();
+  for (size_t i = 0; i < a.size(); ++i) CHECK(((a[i] == b[i]) || (std::isnan(a[i]) && std::isnan(b[i]))));
+}
