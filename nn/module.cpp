@@ -106,7 +106,8 @@ void Module::train(bool on) {
 
 void Module::to(Device device) {
   NoGradGuard no_grad;
-  for (auto& [name, p] : params_) p.set_data(p.to(device));
+  for (auto& [name, p] : params_)
+    if (p.device() != device) p.set_data(p.to(device));  // in place: nothing to do, .grad stays
   for (auto& [name, b] : buffers_) b = b.to(device);
   for (auto& [name, c] : children_) c->to(device);
 }
@@ -115,7 +116,7 @@ void Module::to(DType dtype) {
   WEFT_CHECK(is_floating(dtype), type_name_, ".to: modules convert to floating dtypes only, got ", dtype);
   NoGradGuard no_grad;
   for (auto& [name, p] : params_)
-    if (is_floating(p.dtype())) p.set_data(p.to(dtype));
+    if (is_floating(p.dtype()) && p.dtype() != dtype) p.set_data(p.to(dtype));
   for (auto& [name, b] : buffers_)
     if (is_floating(b.dtype())) b = b.to(dtype);
   for (auto& [name, c] : children_) c->to(dtype);
