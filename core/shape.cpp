@@ -69,6 +69,15 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   return out;
 }
 
+DimSplit split_at_dim(const Shape& shape, int64_t dim) {
+  DimSplit s;
+  if (shape.empty()) return s;
+  for (int64_t d = 0; d < dim; ++d) s.outer *= shape[d];
+  s.size = shape[dim];
+  for (int64_t d = dim + 1; d < shape.size(); ++d) s.inner *= shape[d];
+  return s;
+}
+
 bool broadcasts_to(const Shape& from, const Shape& to) {
   if (from.size() > to.size()) return false;
   int64_t lead = to.size() - from.size();

@@ -84,6 +84,13 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
 // NumPy broadcasting of two shapes; the error names op and both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
+// A shape read as [outer, size, inner] around one dim: what every "along dim" kernel
+// (softmax, index_select, ...) iterates over. A 0-d shape is one element.
+struct DimSplit {
+  int64_t outer = 1, size = 1, inner = 1;
+};
+DimSplit split_at_dim(const Shape& shape, int64_t dim);
+
 // Whether `from` broadcasts to exactly `to` (what copy_ and in-place ops need).
 bool broadcasts_to(const Shape& from, const Shape& to);
 

@@ -55,18 +55,6 @@ std::string dim_str(int64_t dim, int64_t size) {
   return "dimension " + std::to_string(dim) + " of size " + std::to_string(size);
 }
 
-// Row-major [outer, size(dim), inner] of a shape.
-struct Rows {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-Rows rows_of(const Shape& shape, int64_t dim) {
-  Rows r;
-  if (shape.empty()) return r;
-  for (int64_t d = 0; d < dim; ++d) r.outer *= shape[d];
-  r.n = shape[dim];
-  for (int64_t d = dim + 1; d < shape.size(); ++d) r.inner *= shape[d];
-  return r;
-}
 
 // A 0-d tensor read as [1], so that the kernels only see rank >= 1.
 Tensor at_least_1d(const Tensor& t) { return t.dim() == 0 ? t.view({1}) : t; }
@@ -108,13 +96,13 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   WEFT_CHECK(x.dim() > 0 || index.numel() == 1, "index_select: a 0-d input takes exactly one index, got ",
              index.numel());
   Tensor idx = index.detach().contiguous();
-  const Rows rows = rows_of(x.shape(), d);
-  check_in_range(idx, index.shape(), rows.n, "index_select", dim_str(d, rows.n));
+  const DimSplit rows = split_at_dim(x.shape(), d);
+  check_in_range(idx, index.shape(), rows.size, "index_select", dim_str(d, rows.size));
 
   Shape shape = x.shape();
   if (x.dim() > 0) shape[d] = idx.numel();
   Tensor out = empty(shape, TensorOptions(x.dtype(), x.device()));
-  if (out.numel() > 0) index_select_stub(x.device(), x.detach().contiguous(), idx, out, rows.outer, rows.n, rows.inner);
+  if (out.numel() > 0) index_select_stub(x.device(), x.detach().contiguous(), idx, out, rows.outer, rows.size, rows.inner);
 
   if (any_requires_grad(x)) {
     set_history(out, make_node(
@@ -122,7 +110,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
                          [shape = x.shape(), rows, si = SavedTensor(idx)](const GradList& g) -> GradList {
                            Tensor grad = zeros(shape, TensorOptions(g[0].dtype(), g[0].device()));
                            if (g[0].numel() > 0)
-                             index_add_stub(grad.device(), g[0].contiguous(), si.unpack(), grad, rows.outer, rows.n,
+                             index_add_stub(grad.device(), g[0].contiguous(), si.unpack(), grad, rows.outer, rows.size,
                                             rows.inner, -1);
                            return {grad};
                          },

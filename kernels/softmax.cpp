@@ -9,20 +9,6 @@ namespace weft {
 
 namespace {
 
-struct SoftmaxLayout {
-  int64_t outer = 1, n = 1, post = 1;
-};
-
-// x read as [outer, n, post] around dim d (a 0-d tensor is one element).
-SoftmaxLayout layout_of(const Shape& shape, int64_t d) {
-  SoftmaxLayout l;
-  if (shape.empty()) return l;
-  for (int64_t i = 0; i < d; ++i) l.outer *= shape[i];
-  l.n = shape[d];
-  for (int64_t i = d + 1; i < shape.size(); ++i) l.post *= shape[i];
-  return l;
-}
-
 Tensor backward_impl(const Tensor& grad, const Tensor& output, int64_t dim, bool log, const char* name) {
   check_defined(grad, name, "grad");
   check_defined(output, name, "output");
@@ -36,8 +22,8 @@ Tensor backward_impl(const Tensor& grad, const Tensor& output, int64_t dim, bool
   int64_t d = wrap_dim(dim, output.dim(), name);
   Tensor g = grad.contiguous(), y = output.contiguous();
   Tensor grad_in = empty(output.shape(), TensorOptions(output.dtype(), output.device()));
-  SoftmaxLayout l = layout_of(output.shape(), d);
-  if (grad_in.numel() > 0) softmax_backward_stub(output.device(), g, y, grad_in, l.outer, l.n, l.post, log);
+  DimSplit l = split_at_dim(output.shape(), d);
+  if (grad_in.numel() > 0) softmax_backward_stub(output.device(), g, y, grad_in, l.outer, l.size, l.inner, log);
   return grad_in;
 }
 
@@ -51,8 +37,8 @@ Tensor forward_impl(const Tensor& x, int64_t dim, bool log, const char* name, co
     in = x.contiguous();
   }
   Tensor out = empty(x.shape(), TensorOptions(x.dtype(), x.device()));
-  SoftmaxLayout l = layout_of(x.shape(), d);
-  if (out.numel() > 0) softmax_stub(x.device(), in, out, l.outer, l.n, l.post, log);
+  DimSplit l = split_at_dim(x.shape(), d);
+  if (out.numel() > 0) softmax_stub(x.device(), in, out, l.outer, l.size, l.inner, log);
   if (any_requires_grad(x)) {
     set_history(out, make_node(
                          node_name,
