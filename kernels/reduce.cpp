@@ -240,7 +240,7 @@ std::pair<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
 
 Tensor sum_to_shape(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
-  WEFT_CHECK(broadcast_shapes(shape, x.shape(), "sum_to_shape") == x.shape(), "sum_to_shape: shape ", shape,
+  WEFT_CHECK(broadcasts_to(shape, x.shape()), "sum_to_shape: shape ", shape,
              " does not broadcast to ", x.shape());
   int64_t lead = x.dim() - shape.size();
   std::vector<int64_t> dims;
