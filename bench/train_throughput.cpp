@@ -6,7 +6,7 @@
 // correctness check of the same run.
 //
 //   train_throughput [--model convnet] [--batch-size 128] [--epochs 1] [--device cpu]
-//                    [--threads N] [--json FILE]
+//                    [--threads N] [--data-dir DIR] [--json FILE]
 #include <cstring>
 #include <iomanip>
 #include <iostream>
@@ -17,6 +17,7 @@
 
 int main(int argc, char** argv) {
   std::string model = "convnet", device = "cpu", json_path, batch = "128", epochs = "1", threads;
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
   for (int i = 1; i < argc; ++i) {
     auto next = [&]() -> std::string {
       if (i + 1 >= argc) {
@@ -32,16 +33,17 @@ int main(int argc, char** argv) {
     else if (a == "--epochs") epochs = next();
     else if (a == "--threads") threads = next();
     else if (a == "--json") json_path = next();
+    else if (a == "--data-dir") data_dir = next();
     else {
       std::cerr << "usage: train_throughput [--model M] [--batch-size N] [--epochs N] [--device D] [--threads N] "
-                   "[--json FILE]\n";
+                   "[--data-dir DIR] [--json FILE]\n";
       return 2;
     }
   }
   std::string self = argv[0];
   std::string build = self.substr(0, self.find_last_of('/') + 1) + "../";
   std::string common = "--model " + model + " --batch-size " + batch + " --epochs " + epochs +
-                       " --device " + device + " --optimizer sgd --lr 0.01 --momentum 0.9 --seed 0";
+                       " --device " + device + " --data-dir " + data_dir + " --optimizer sgd --lr 0.01 --momentum 0.9 --seed 0";
   std::string pid = std::to_string(::getpid());
   std::string weft_json = "/tmp/weft_throughput_" + pid + ".json";
   std::string env = threads.empty() ? "" : "OMP_NUM_THREADS=" + threads + " ";

@@ -10,8 +10,15 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "core/error.h"
+
+#ifdef WEFT_WITH_CUDA
+namespace weft::cuda {
+std::string start_backend();  // kernels/cuda/backend.cpp: "" or why no CUDA device can be used
+}
+#endif
 
 namespace weft {
 
@@ -67,11 +74,26 @@ struct Registry {
   std::mutex mutex;
   std::array<std::unique_ptr<CpuAllocator>, kMaxCpuDevices> owned_cpu;
   AllocatorFactory cuda_factory;
+  Allocator* pinned = nullptr;
 };
 
 Registry& registry() {
   static Registry* r = new Registry;  // never destroyed: tensors may outlive static teardown
   return *r;
+}
+
+// Why CUDA devices cannot be used ("" once the backend has started with a GPU). The
+// backend is started on first need, once: it registers its allocators and kernels here
+// and in the DispatchStubs (kernels/cuda/backend.h).
+const std::string& cuda_backend_status() {
+  static const std::string status = [] {
+#ifdef WEFT_WITH_CUDA
+    return cuda::start_backend();
+#else
+    return std::string("weft was built without its CUDA backend (configure with -DWEFT_CUDA=ON on a machine with nvcc)");
+#endif
+  }();
+  return status;
 }
 
 }  // namespace
@@ -90,13 +112,13 @@ Allocator& allocator_for(Device device) {
     }
     return *r.owned_cpu[device.index];
   }
+  const std::string& status = cuda_backend_status();
   AllocatorFactory factory;
   {
     std::lock_guard lock(r.mutex);
     factory = r.cuda_factory;
   }
-  WEFT_CHECK(factory != nullptr, "cannot use device ", device,
-             ": weft was built without its CUDA backend (configure with -DWEFT_CUDA=ON on a machine with nvcc)");
+  WEFT_CHECK(factory != nullptr, "cannot use device ", device, ": ", status);
   return factory(device);
 }
 
@@ -106,10 +128,24 @@ void register_allocator_factory(DeviceType type, AllocatorFactory factory) {
   registry().cuda_factory = std::move(factory);
 }
 
+void register_pinned_allocator(Allocator* allocator) {
+  std::lock_guard lock(registry().mutex);
+  registry().pinned = allocator;
+}
+
+Allocator* pinned_allocator() {
+  if (!cuda_backend_status().empty()) return nullptr;
+  std::lock_guard lock(registry().mutex);
+  return registry().pinned;
+}
+
 bool cuda_available() {
+  if (!cuda_backend_status().empty()) return false;
   std::lock_guard lock(registry().mutex);
   return registry().cuda_factory != nullptr;
 }
+
+const std::string& cuda_unavailable_reason() { return cuda_backend_status(); }
 
 AllocatorStats memory_stats(Device device) { return allocator_for(device).stats(); }
 void reset_peak_memory_stats(Device device) { allocator_for(device).reset_peak(); }

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "core/device.h"
 
@@ -40,6 +41,11 @@ Allocator& allocator_for(Device device);
 // The CUDA backend calls this once; the factory is asked for each cuda:i on first use.
 using AllocatorFactory = std::function<Allocator&(Device)>;
 void register_allocator_factory(DeviceType type, AllocatorFactory factory);
+
+// Page-locked host memory (its device is cpu:0), registered by the CUDA backend; nullptr
+// when there is no usable GPU. Tensor::pin_memory() allocates from it.
+void register_pinned_allocator(Allocator* allocator);
+Allocator* pinned_allocator();
 
 AllocatorStats memory_stats(Device device);
 void reset_peak_memory_stats(Device device);

@@ -45,5 +45,8 @@ std::ostream& operator<<(std::ostream& out, Device device);
 // Whether CUDA devices can be used: a CUDA backend is built in and found a GPU. Never
 // throws; a machine without a driver simply answers false.
 bool cuda_available();
+// Why cuda_available() is false ("" when it is true): no CUDA backend built, no driver,
+// no GPU, a malformed WEFT_VIRTUAL_DEVICES.
+const std::string& cuda_unavailable_reason();
 
 }  // namespace weft

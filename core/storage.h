@@ -25,6 +25,7 @@ class StorageImpl {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  const Allocator& allocator() const { return *allocator_; }
   uint32_t version() const { return version_; }
   void bump_version() { ++version_; }
 

@@ -44,9 +44,13 @@ void copy_values(const Tensor& dst, const Tensor& src) {
     copy_stub(dst.device(), source, dst);
   } else {
     // Across device types: convert on the source side, move contiguous bytes, then
-    // lay them out on the destination side.
-    Tensor staged = empty(dst.shape(), TensorOptions(dst.dtype(), src.device()));
-    copy_stub(src.device(), source, staged);
+    // lay them out on the destination side. A contiguous source of the right dtype goes
+    // as it is (a pinned one so stays pinned, and its upload asynchronous).
+    Tensor staged = source;
+    if (!(source.is_contiguous() && source.dtype() == dst.dtype())) {
+      staged = empty(dst.shape(), TensorOptions(dst.dtype(), src.device()));
+      copy_stub(src.device(), source, staged);
+    }
     Tensor landed = dst.is_contiguous() ? dst : empty(dst.shape(), TensorOptions(dst.dtype(), dst.device()));
     cross_device_copy(staged, landed);
     if (!landed.is_same(dst)) copy_stub(dst.device(), landed, dst);
@@ -96,6 +100,30 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
              " does not broadcast to destination shape ", shape());
   Tensor result = src.to(device()).to(dtype()).expand(shape()).clone();
   return commit_inplace(*this, result, "copy_");
+}
+
+Tensor Tensor::pin_memory() const {
+  WEFT_CHECK(device().is_cpu(), "pin_memory: only host tensors can be pinned; this one lives on ", device());
+  if (is_pinned()) return *this;
+  Allocator* pinned = pinned_allocator();
+  WEFT_CHECK(pinned != nullptr, "pin_memory: page-locked memory needs a usable CUDA GPU (",
+             cuda_unavailable_reason(), ")");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<StorageImpl>(static_cast<size_t>(nbytes()), *pinned);
+  impl->sizes = shape();
+  impl->strides = contiguous_strides(shape());
+  impl->dtype = dtype();
+  Tensor out(std::move(impl));
+  copy_values(out, *this);
+  if (any_requires_grad(*this))
+    set_history(out, make_node("PinMemoryBackward", [](const GradList& g) -> GradList { return {g[0]}; }, *this));
+  return out;
+}
+
+bool Tensor::is_pinned() const {
+  if (!device().is_cpu() || !impl_->storage) return false;
+  const Allocator* pinned = pinned_allocator();
+  return pinned != nullptr && &impl_->storage->allocator() == pinned;
 }
 
 Tensor Tensor::detach() const {

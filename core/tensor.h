@@ -124,6 +124,10 @@ class Tensor {
   Tensor to(Device device, DType dtype) const { return to(device).to(dtype); }
   const Tensor& copy_(const Tensor& src) const;  // broadcasts src, converts dtype, crosses devices
   Tensor detach() const;             // shares storage, no autograd history
+  // A copy in page-locked host memory, from which copies to a GPU are asynchronous
+  // (PyTorch's pin_memory); the tensor itself if it is pinned already. Needs a GPU.
+  Tensor pin_memory() const;
+  bool is_pinned() const;
 
   double item() const;  // for a one-element tensor
   template <class T>

@@ -58,7 +58,12 @@ std::shared_ptr<Sampler> make_sampler(const std::shared_ptr<const Dataset>& data
 
 Generator& batch_generator() { return current_batch_generator ? *current_batch_generator : default_generator(); }
 
-Batch pin_batch(Batch batch) { return batch; }
+Batch pin_batch(Batch batch) {
+  if (!cuda_available()) return batch;
+  batch.data = batch.data.pin_memory();
+  batch.target = batch.target.pin_memory();
+  return batch;
+}
 
 // --- Pass ----------------------------------------------------------------------------
 
@@ -194,10 +199,11 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
     : dataset_(std::move(dataset)),
       options_(options),
       batch_sampler_(make_sampler(dataset_, options_, std::move(sampler)), options.batch_size, options.drop_last) {
-  if (options_.pin_memory) {
+  if (options_.pin_memory && !cuda_available()) {
     static std::once_flag logged;
     std::call_once(logged, [] {
-      std::cerr << "weft: DataLoader pin_memory=true has no effect without CUDA; batches stay in pageable memory\n";
+      std::cerr << "weft: DataLoader pin_memory=true has no effect without a usable CUDA GPU; batches stay in pageable "
+                   "memory\n";
     });
   }
 }

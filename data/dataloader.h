@@ -44,9 +44,9 @@ struct DataLoaderOptions {
 // 0 is the loader's shuffle); elsewhere it is default_generator().
 Generator& batch_generator();
 
-// Stages a batch in page-locked (pinned) host memory, so that its host-to-device copy can
-// be asynchronous and overlap compute (PyTorch's pin_memory). This is the seam for the
-// CUDA backend: until weft has a pinned host allocator it returns the batch unchanged.
+// Stages a batch in page-locked (pinned) host memory, so that its host-to-device copy is
+// asynchronous and overlaps compute (PyTorch's pin_memory); workers call it when
+// pin_memory is set. Without a usable GPU the batch is returned unchanged.
 Batch pin_batch(Batch batch);
 
 class DataLoader {

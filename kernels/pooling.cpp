@@ -52,12 +52,30 @@ int64_t pooled_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool
   return out;
 }
 
+// Whether every window along a dim covers at least one input element. Windows that start
+// inside the input do; with dilation, one that starts in the left padding can step over
+// the whole input (size 2, kernel 2, padding 1, dilation 3 taps -1 and 2), and max
+// pooling would then have no element to pick and no index to record.
+bool windows_touch_input(int64_t in, int64_t out, int64_t k, int64_t s, int64_t p, int64_t d) {
+  for (int64_t o = 0; o < out && o * s - p < 0; ++o) {
+    bool touches = false;
+    for (int64_t t = 0; t < k && !touches; ++t) touches = o * s - p + t * d >= 0 && o * s - p + t * d < in;
+    if (!touches) return false;
+  }
+  return true;
+}
+
 Shape pooled_shape(const char* op, const Tensor& x, const Pool2dGeometry& g, bool ceil_mode) {
   int64_t oh = pooled_size(x.size(2), g.kernel[0], g.stride[0], g.padding[0], g.dilation[0], ceil_mode);
   int64_t ow = pooled_size(x.size(3), g.kernel[1], g.stride[1], g.padding[1], g.dilation[1], ceil_mode);
   WEFT_CHECK(oh > 0 && ow > 0, op, ": input shape ", x.shape(), " is too small for kernel_size ", pair_str(g.kernel),
              ", dilation ", pair_str(g.dilation), " and padding ", pair_str(g.padding), " (output size would be ",
              oh, "x", ow, ")");
+  WEFT_CHECK(windows_touch_input(x.size(2), oh, g.kernel[0], g.stride[0], g.padding[0], g.dilation[0]) &&
+                 windows_touch_input(x.size(3), ow, g.kernel[1], g.stride[1], g.padding[1], g.dilation[1]),
+             op, ": with input shape ", x.shape(), ", kernel_size ", pair_str(g.kernel), ", dilation ",
+             pair_str(g.dilation), " and padding ", pair_str(g.padding),
+             " a pooling window would cover only padding; reduce the padding or the dilation");
   return {x.size(0), x.size(1), oh, ow};
 }
 

@@ -330,6 +330,9 @@ TEST_CASE("pooling: errors") {
   CHECK_THROWS_WITH_AS(max_pool2d(x, {2, 2}, {1, 1}, {0, 0}, {0, 1}), doctest::Contains("dilation must be positive"),
                        weft::Error);
   CHECK_THROWS_WITH_AS(max_pool2d(x, {4, 4}, {1, 1}, {0, 0}, {2, 2}), doctest::Contains("too small"), weft::Error);
+  // Rows -1 and 2 of a 2-row input: the first window holds no element at all.
+  CHECK_THROWS_WITH_AS(max_pool2d(test::random({1, 1, 2, 2}, DType::Float32, 401), {2, 2}, {2, 2}, {1, 1}, {3, 3}),
+                       doctest::Contains("would cover only padding"), weft::Error);
   CHECK_THROWS_WITH_AS(avg_pool2d(x, {7, 2}), doctest::Contains("too small"), weft::Error);
   CHECK_THROWS_WITH_AS(adaptive_avg_pool2d(x, {0, 2}), doctest::Contains("output_size must be positive"),
                        weft::Error);

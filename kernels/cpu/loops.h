@@ -13,54 +13,13 @@
 
 #include "core/tensor.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/operands.h"
 
 namespace weft::cpu {
 
-template <int N>
-struct Operands {
-  std::array<char*, N> data{};
-  std::array<Shape, N> strides{};  // bytes, broadcast to `shape`
-  Shape shape;
-};
-
-// Operand i is tensors[i] read as `shape` (tensors must broadcast to it).
-template <int N>
-Operands<N> make_operands(const Shape& shape, const std::array<const Tensor*, N>& tensors) {
-  Operands<N> ops;
-  ops.shape = shape;
-  for (int i = 0; i < N; ++i) {
-    const Tensor& t = *tensors[i];
-    ops.data[i] = static_cast<char*>(t.raw_data());
-    ops.strides[i] = broadcast_strides(t.shape(), t.strides(), shape);
-    for (int64_t& s : ops.strides[i]) s *= t.element_size();
-  }
-  return ops;
-}
-
-// Drops size-1 dims and merges neighbours that are contiguous in every operand.
-template <int N>
-void coalesce(Operands<N>& ops) {
-  Shape shape;
-  std::array<Shape, N> strides;
-  for (int64_t d = 0; d < ops.shape.size(); ++d) {
-    if (ops.shape[d] == 1) continue;
-    bool merge = !shape.empty();
-    for (int i = 0; merge && i < N; ++i) merge = strides[i].back() == ops.strides[i][d] * ops.shape[d];
-    if (merge) {
-      shape[shape.size() - 1] *= ops.shape[d];
-      for (int i = 0; i < N; ++i) strides[i][strides[i].size() - 1] = ops.strides[i][d];
-    } else {
-      shape.push_back(ops.shape[d]);
-      for (int i = 0; i < N; ++i) strides[i].push_back(ops.strides[i][d]);
-    }
-  }
-  if (shape.empty()) {  // a single element
-    shape.push_back(1);
-    for (int i = 0; i < N; ++i) strides[i].push_back(0);
-  }
-  ops.shape = shape;
-  ops.strides = strides;
-}
+using weft::coalesce;
+using weft::make_operands;
+using weft::Operands;
 
 // body(std::array<char*, N> ptrs, std::array<int64_t, N> byte_strides, int64_t n) for
 // every run of the last dim; runs are split across threads for large operands.

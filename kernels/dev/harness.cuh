@@ -1,0 +1,78 @@
+// What the teaching ladders' mains and bench/kernels share: finding a GPU, RAII device
+// buffers for the standalone mains, and kernel timing with CUDA events.
+//
+// Timing enqueues every repetition back to back, with one event between consecutive
+// launches, and waits only at the end: the host runs ahead of the GPU, so a launch's
+// host cost (or a weft op's dispatch and allocation) is hidden behind the previous
+// kernel and the events measure GPU time. The median of the per-launch times is reported.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/check.h"
+
+namespace weft::dev {
+
+// Whether a CUDA GPU is visible; otherwise `reason` says why (no driver, no device).
+inline bool gpu_present(std::string& reason) {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    reason = cudaGetErrorString(status);
+    cudaGetLastError();  // clear the error so that it does not surface at a later check
+    return false;
+  }
+  if (count == 0) reason = "no device";
+  return count > 0;
+}
+
+// cudaMalloc'd memory for `count` elements of T, freed on destruction.
+template <class T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    if (count > 0) WEFT_CUDA_CHECK(cudaMalloc(&data_, count * sizeof(T)));
+  }
+  ~DeviceBuffer() {
+    if (data_) cudaFree(data_);  // a destructor never throws: an error here is left unreported
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return data_; }
+  size_t size() const { return count_; }
+
+ private:
+  T* data_ = nullptr;
+  size_t count_;
+};
+
+// Median GPU time in milliseconds of `launch()` on `stream`, after `warmup` untimed calls.
+template <class Launch>
+double median_ms(cudaStream_t stream, int warmup, int reps, Launch&& launch) {
+  for (int i = 0; i < warmup; ++i) launch();
+  reps = std::max(reps, 1);
+  std::vector<cudaEvent_t> events(reps + 1);
+  for (auto& event : events) WEFT_CUDA_CHECK(cudaEventCreate(&event));
+  WEFT_CUDA_CHECK(cudaEventRecord(events[0], stream));
+  for (int r = 0; r < reps; ++r) {
+    launch();
+    WEFT_CUDA_CHECK(cudaEventRecord(events[r + 1], stream));
+  }
+  WEFT_CUDA_CHECK(cudaEventSynchronize(events[reps]));
+  std::vector<double> times(reps);
+  for (int r = 0; r < reps; ++r) {
+    float ms = 0;
+    WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, events[r], events[r + 1]));
+    times[r] = ms;
+  }
+  for (auto& event : events) WEFT_CUDA_CHECK(cudaEventDestroy(event));
+  std::sort(times.begin(), times.end());
+  return times[reps / 2];
+}
+
+}  // namespace weft::dev

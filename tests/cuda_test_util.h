@@ -1,0 +1,32 @@
+// Helpers of the test_cuda_* suites: every CUDA op is checked against the CPU op on the
+// same fresh random inputs, with CUDA outputs poisoned (NaN) before kernels write them.
+#pragma once
+
+#include "test_util.h"
+
+namespace weft::test {
+
+inline Device gpu(int index = 0) { return Device::cuda(index); }
+
+// The same values on the GPU, as a leaf (requires_grad as asked) or a plain tensor.
+inline Tensor on_gpu(const Tensor& t, bool requires_grad = false) {
+  Tensor out = t.detach().to(gpu());
+  if (requires_grad) out.requires_grad_();
+  return out;
+}
+
+// A tensor full of NaN (or of the dtype's largest value for integers), for outputs a
+// kernel must overwrite completely.
+inline Tensor poisoned(const Shape& shape, DType dtype, Device device) {
+  double poison = is_floating(dtype) ? std::nan("") : (dtype == DType::Bool ? 1.0 : 77.0);
+  return full(shape, poison, TensorOptions(dtype, device));
+}
+
+// CUDA result vs CPU reference: same shape, values within atol + rtol * |ref|.
+#define CHECK_GPU_MATCHES(gpu_tensor, cpu_tensor, atol, rtol)                                    \
+  do {                                                                                          \
+    std::string weft_mismatch_ = ::weft::test::mismatch((gpu_tensor).to(::weft::kCPU), (cpu_tensor), (atol), (rtol)); \
+    CHECK_MESSAGE(weft_mismatch_.empty(), weft_mismatch_);                                      \
+  } while (0)
+
+}  // namespace weft::test

@@ -1,0 +1,212 @@
+// The CUDA runtime on a GPU: devices and virtual devices, streams and events, the caching
+// allocator (reuse, statistics, stream-ordered reuse, the out-of-memory message), and
+// copies (host <-> device, pinned, across logical devices, dtype conversion, strides).
+// CTest runs this suite twice: as is, and with WEFT_VIRTUAL_DEVICES=4.
+#include <atomic>
+#include <cstdlib>
+
+#include "cuda_test_util.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/memory.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/stream.h"
+
+using namespace weft;
+using test::gpu;
+
+namespace {
+
+int virtual_devices() {
+  const char* v = std::getenv("WEFT_VIRTUAL_DEVICES");
+  return v && *v ? std::atoi(v) : 0;
+}
+
+// Holds a stream busy until release(): a host function queued on it spins on a flag.
+struct StreamBlocker {
+  std::atomic<bool> released{false};
+  explicit StreamBlocker(const cuda::Stream& stream) {
+    WEFT_CUDA_CHECK(cudaLaunchHostFunc(
+        stream.handle(),
+        [](void* self) {
+          while (!static_cast<StreamBlocker*>(self)->released.load()) {
+          }
+        },
+        this));
+  }
+  void release() { released.store(true); }
+};
+
+}  // namespace
+
+TEST_CASE("logical devices map onto the physical GPUs") {
+  int physical = cuda::physical_device_count();
+  REQUIRE(physical >= 1);
+  int logical = cuda::device_count();
+  CHECK(logical == (virtual_devices() ? virtual_devices() : physical));
+  for (int i = 0; i < logical; ++i) CHECK(cuda::physical_device(gpu(i)) == i % physical);
+  CHECK_THROWS_WITH_AS(zeros({1}, TensorOptions(DType::Float32, gpu(logical))),
+                       doctest::Contains("logical CUDA device(s)"), Error);
+  CHECK_THROWS_WITH_AS(zeros({1}, TensorOptions(DType::Float32, gpu(logical))),
+                       doctest::Contains("WEFT_VIRTUAL_DEVICES"), Error);
+}
+
+TEST_CASE("each logical device has its own compute stream; StreamGuard switches and restores") {
+  cuda::Stream s0 = cuda::compute_stream(gpu(0));
+  CHECK(cuda::current_stream(gpu(0)) == s0);
+  CHECK(cuda::compute_stream(gpu(0)) == s0);
+  if (cuda::device_count() >= 2) CHECK_FALSE(cuda::compute_stream(gpu(1)) == s0);
+  cuda::Stream side = cuda::create_stream(gpu(0));
+  Tensor a = test::random({1000}, DType::Float32, 3);
+  Tensor expected = add(a, a);
+  Tensor result;
+  {
+    cuda::StreamGuard guard(side);
+    CHECK(cuda::current_stream(gpu(0)) == side);
+    Tensor x = a.to(gpu());
+    result = add(x, x);
+    cuda::Event done;
+    done.record(side);
+    done.block(s0);
+  }
+  CHECK(cuda::current_stream(gpu(0)) == s0);
+  CHECK_GPU_MATCHES(result, expected, 0, 0);
+}
+
+TEST_CASE("events time work and report completion") {
+  cuda::Stream s = cuda::current_stream(gpu());
+  cuda::Event start(true), stop(true);
+  start.record(s);
+  Tensor x = ones({1 << 20}, TensorOptions(DType::Float32, gpu()));
+  Tensor y = mul(x, 3.0);
+  stop.record(s);
+  stop.synchronize();
+  CHECK(stop.query());
+  CHECK(start.elapsed_ms(stop) >= 0.0f);
+  CHECK(y.to(kCPU).to_vector<float>()[12345] == 3.0f);
+}
+
+TEST_CASE("the caching allocator reuses blocks and counts bytes like the CPU allocator") {
+  Device d = gpu();
+  cuda::synchronize(d);
+  AllocatorStats before = memory_stats(d);
+  // 12 MiB: a segment of its own, so the freed block is not merged with neighbours.
+  const int64_t n = 3 << 20;
+  void* first = nullptr;
+  {
+    Tensor t = empty({n}, TensorOptions(DType::Float32, d));
+    first = t.raw_data();
+    AllocatorStats during = memory_stats(d);
+    CHECK(during.bytes_in_use == before.bytes_in_use + 4 * n);
+    CHECK(during.num_allocations == before.num_allocations + 1);
+    CHECK(during.bytes_reserved >= during.bytes_in_use);
+  }
+  CHECK(memory_stats(d).bytes_in_use == before.bytes_in_use);
+  Tensor again = empty({n}, TensorOptions(DType::Float32, d));
+  CHECK(again.raw_data() == first);  // same stream, same size class: the cached block
+  reset_peak_memory_stats(d);
+  CHECK(memory_stats(d).peak_bytes_in_use == memory_stats(d).bytes_in_use);
+}
+
+TEST_CASE("empty_cache gives whole free segments back") {
+  Device d = gpu();
+  { Tensor big = empty({64 << 20}, TensorOptions(DType::Float32, d)); }
+  int64_t reserved = memory_stats(d).bytes_reserved;
+  cuda::empty_cache(d);
+  CHECK(memory_stats(d).bytes_reserved <= reserved - (int64_t{256} << 20));
+}
+
+TEST_CASE("out of memory says what was asked for, what is used and what is cached") {
+  Device d = gpu();
+  Shape huge{int64_t{1} << 48};  // 1 PiB of float32
+  CHECK_THROWS_WITH_AS(empty(huge, TensorOptions(DType::Float32, d)),
+                       doctest::Contains("CUDA out of memory on cuda:0: tried to allocate 1024.00 TiB (a segment of"), Error);
+  CHECK_THROWS_WITH_AS(empty(huge, TensorOptions(DType::Float32, d)), doctest::Contains("in use by tensors"), Error);
+  CHECK_THROWS_WITH_AS(empty(huge, TensorOptions(DType::Float32, d)), doctest::Contains("GiB free"), Error);
+  Tensor fine = ones({10}, TensorOptions(DType::Float32, d));  // the allocator still works
+  CHECK(fine.to(kCPU).to_vector<float>()[9] == 1.0f);
+}
+
+TEST_CASE("record_stream: a block read by another stream is not reused until that stream is done") {
+  Device d = gpu();
+  cuda::Stream side = cuda::create_stream(d);
+  void* block = nullptr;
+  StreamBlocker blocker(side);
+  const int64_t n = 3 << 20;  // 12 MiB: a segment of its own (see the test above)
+  {
+    Tensor t = empty({n}, TensorOptions(DType::Float32, d));
+    block = t.raw_data();
+    cuda::record_stream(t, side);
+  }
+  Tensor other = empty({n}, TensorOptions(DType::Float32, d));
+  CHECK(other.raw_data() != block);
+  blocker.release();
+  side.synchronize();
+  Tensor reused = empty({n}, TensorOptions(DType::Float32, d));
+  CHECK(reused.raw_data() == block);
+}
+
+TEST_CASE("host <-> device copies for every dtype, strides and conversions") {
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::Int32, DType::UInt8, DType::Bool}) {
+    CAPTURE(dtype);
+    Tensor host = test::random({37, 5}, DType::Float64, 11, -50, 50).to(dtype);
+    Tensor back = host.to(gpu()).to(kCPU);
+    CHECK_CLOSE(back.to(DType::Float64), host.to(DType::Float64), 0, 0);
+    Tensor strided = test::noncontiguous(host);
+    CHECK_CLOSE(strided.to(gpu()).to(kCPU).to(DType::Float64), host.to(DType::Float64), 0, 0);
+  }
+  // Conversion and a transposed destination on the device.
+  Tensor src = test::random({9, 13}, DType::Float64, 12);
+  Tensor dst = test::poisoned({13, 9}, DType::Float32, gpu()).transpose(0, 1);
+  dst.copy_(src.to(gpu()));
+  CHECK_GPU_MATCHES(dst, src.to(DType::Float32), 0, 0);
+  // Broadcasting copy_ and fill on a strided view.
+  Tensor row = test::random({1, 13}, DType::Float32, 13);
+  Tensor wide = test::poisoned({9, 13}, DType::Float32, gpu());
+  wide.copy_(row.to(gpu()));
+  CHECK_GPU_MATCHES(wide, row.expand({9, 13}), 0, 0);
+  Tensor filled = test::poisoned({6, 8}, DType::Float64, gpu());
+  fill_(filled.slice(1, 0, 8, 2), 2.5);
+  auto values = filled.to(kCPU).to_vector<double>();
+  for (int i = 0; i < 48; ++i) CHECK((i % 2 == 0 ? values[i] == 2.5 : std::isnan(values[i])));
+  CHECK_GPU_MATCHES(zeros({0, 3}, TensorOptions(DType::Float32, gpu())), zeros({0, 3}), 0, 0);
+}
+
+TEST_CASE("pinned host memory: asynchronous uploads, cached blocks") {
+  Tensor host = test::random({1 << 16}, DType::Float32, 21);
+  Tensor pinned = host.pin_memory();
+  CHECK(pinned.is_pinned());
+  CHECK_FALSE(host.is_pinned());
+  CHECK(pinned.pin_memory().is_same(pinned));
+  CHECK_CLOSE(pinned, host, 0, 0);
+  Tensor on_device = pinned.to(gpu());
+  CHECK_GPU_MATCHES(on_device, host, 0, 0);
+  CHECK_THROWS_WITH_AS(on_device.pin_memory(), doctest::Contains("only host tensors can be pinned"), Error);
+}
+
+TEST_CASE("copies across logical devices") {
+  if (cuda::device_count() < 2) {
+    MESSAGE("one logical device: run with WEFT_VIRTUAL_DEVICES=4 to cover cross-device copies");
+    return;
+  }
+  Tensor host = test::random({31, 17}, DType::Float64, 31);
+  Tensor a = host.to(gpu(0));
+  AllocatorStats before = memory_stats(gpu(1));
+  Tensor b = a.to(gpu(1));
+  CHECK(b.device() == gpu(1));
+  CHECK(memory_stats(gpu(1)).bytes_in_use == before.bytes_in_use + 31 * 17 * 8);
+  CHECK_GPU_MATCHES(b, host, 0, 0);
+  Tensor t = test::poisoned({17, 31}, DType::Float32, gpu(1)).transpose(0, 1);
+  t.copy_(test::noncontiguous(host).to(gpu(0)));
+  CHECK_GPU_MATCHES(t, host.to(DType::Float32), 0, 0);
+  CHECK_THROWS_WITH_AS(add(a, b), doctest::Contains("cuda:0"), Error);
+  CHECK_THROWS_WITH_AS(add(a, host), doctest::Contains("cpu:0"), Error);
+}
+
+TEST_CASE("autograd crosses devices") {
+  Tensor x = test::leaf({4, 3}, 41);
+  Tensor y = mul(x.to(gpu()), 3.0);
+  sum(y).backward();
+  REQUIRE(x.grad().defined());
+  CHECK(x.grad().device() == kCPU);
+  CHECK_CLOSE(x.grad(), full({4, 3}, 3.0, TensorOptions(DType::Float64, kCPU)), 0, 0);
+}
