@@ -40,33 +40,6 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// "" when actual equals expected bit for bit (any NaN matching any NaN; +0 and -0 differ),
-// else the first difference. Values pass through float64, exact for every dtype here.
-std::string difference(const Tensor& actual, const Tensor& expected) {
-  std::ostringstream out;
-  if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype()) {
-    out << "shape " << actual.shape() << " " << actual.dtype() << " vs expected " << expected.shape() << " "
-        << expected.dtype();
-    return out.str();
-  }
-  auto a = actual.to_vector<double>();
-  auto e = expected.to_vector<double>();
-  for (size_t i = 0; i < a.size(); ++i) {
-    bool same = (std::isnan(a[i]) && std::isnan(e[i])) || std::bit_cast<uint64_t>(a[i]) == std::bit_cast<uint64_t>(e[i]);
-    if (!same) {
-      out << "element " << i << ": " << a[i] << " vs expected " << e[i] << " (bitwise equality asked)";
-      return out.str();
-    }
-  }
-  return "";
-}
-
-#define CHECK_IDENTICAL(actual, expected)                        \
-  do {                                                           \
-    std::string weft_difference_ = difference((actual), (expected)); \
-    CHECK_MESSAGE(weft_difference_.empty(), weft_difference_);   \
-  } while (0)
-
 // Position of a float on the number line of representable values (+0 and -0 both 0).
 int64_t ordinal(float v) {
   auto bits = std::bit_cast<int32_t>(v);

@@ -61,33 +61,6 @@ double max_abs(const Tensor& t) {
     CHECK_GPU_MATCHES((gpu_tensor), weft_expected_, (tol) * max_abs(weft_expected_) + 1e-300, 0.0); \
   } while (0)
 
-// "" when the values are the same bits (any NaN matching any NaN), else the first difference.
-std::string difference(const Tensor& actual, const Tensor& expected) {
-  std::ostringstream out;
-  if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype()) {
-    out << "shape " << actual.shape() << " " << actual.dtype() << " vs expected " << expected.shape() << " "
-        << expected.dtype();
-    return out.str();
-  }
-  const auto a = actual.detach().to(kCPU).to_vector<double>();
-  const auto e = expected.detach().to(kCPU).to_vector<double>();
-  for (size_t i = 0; i < a.size(); ++i) {
-    const bool same =
-        (std::isnan(a[i]) && std::isnan(e[i])) || std::bit_cast<uint64_t>(a[i]) == std::bit_cast<uint64_t>(e[i]);
-    if (!same) {
-      out << "element " << i << ": " << a[i] << " vs expected " << e[i] << " (bitwise equality asked)";
-      return out.str();
-    }
-  }
-  return "";
-}
-
-#define CHECK_IDENTICAL(actual, expected)                                \
-  do {                                                                   \
-    const std::string weft_difference_ = difference((actual), (expected)); \
-    CHECK_MESSAGE(weft_difference_.empty(), weft_difference_);           \
-  } while (0)
-
 // Differentiable non-contiguous views of t's values (test::noncontiguous detaches).
 // stepped: the last dim has stride 2. transposed: dims 0 and -1 swapped in memory, which
 // makes a matrix column-major (cuBLAS's op T) and a batch of them fit neither layout.

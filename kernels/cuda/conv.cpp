@@ -214,17 +214,28 @@ Choice choose(const ConvCall& c, const ConvKey& key, DType dtype, Device device)
   int returned = 0;
   P::find(c, device, count, &returned, results.data(), data_of(ws), bytes);
 
-  // Results come fastest first.
+  // Results come fastest first. The fastest deterministic one wins; when cuDNN has none
+  // for this geometry, the fastest one at all, and the downgrade is said once.
   const typename P::Perf* best = nullptr;
+  const typename P::Perf* fastest = nullptr;
   for (int i = 0; i < returned && best == nullptr; ++i) {
     const typename P::Perf& r = results[static_cast<size_t>(i)];
-    if (r.status == CUDNN_STATUS_SUCCESS && r.determinism == CUDNN_DETERMINISTIC && acceptable_math(r.mathType, dtype))
-      best = &r;
+    if (r.status != CUDNN_STATUS_SUCCESS || !acceptable_math(r.mathType, dtype)) continue;
+    if (fastest == nullptr) fastest = &r;
+    if (r.determinism == CUDNN_DETERMINISTIC) best = &r;
   }
-  WEFT_CHECK(best != nullptr, P::kName, ": cuDNN offers no deterministic ",
+  WEFT_CHECK(fastest != nullptr, P::kName, ": cuDNN offers no ",
              dtype == DType::Float32 && !allow_tf32() ? "FMA (non-TF32) " : "", "algorithm for this geometry (",
              dtype_name(dtype), ", input [", key[4], ", ", key[5], ", ", key[6], ", ", key[7], "], weight [", key[8],
              ", ", key[9], ", ", key[10], ", ", key[11], "])");
+  if (best == nullptr) {
+    best = fastest;
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true))
+      std::cerr << "weft: " << P::kName << ": cuDNN has no deterministic algorithm for input [" << key[4] << ", "
+                << key[5] << ", " << key[6] << ", " << key[7] << "] (" << dtype_name(dtype)
+                << "); using a non-deterministic one (said once)\n";
+  }
   // The workspace is asked again under the algorithm's own math type, which is what runs.
   Choice choice{static_cast<int>(best->algo), best->mathType, best->memory};
   c.conv.set_math_type(choice.math);

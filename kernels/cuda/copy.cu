@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cmath>
 #include <mutex>
 
 #include "core/copy.h"
@@ -108,7 +109,8 @@ void copy_kernel(const Tensor& src, const Tensor& dst) {
 void fill_kernel(const Tensor& dst, double value) {
   DeviceGuard guard(dst.device());
   cudaStream_t stream = stream_of(dst.device());
-  if (value == 0.0 && dst.is_contiguous()) {  // all-zero bits are 0 in every dtype
+  // All-zero bits are +0 in every dtype; -0.0 must keep its sign bit (as on the CPU).
+  if (value == 0.0 && !std::signbit(value) && dst.is_contiguous()) {
     WEFT_CUDA_CHECK(cudaMemsetAsync(dst.raw_data(), 0, static_cast<size_t>(dst.nbytes()), stream));
     return;
   }

@@ -50,12 +50,13 @@ __device__ __forceinline__ T draw(const uint32_t* w, double a, double b) {
   } else if constexpr (K == RandomKind::Uniform) {
     // [0, 1): 24 bits for float32, 53 for float64.
     double unit = kWide ? unit_open_low_64(w[0], w[1]) - 0x1p-53 : static_cast<double>(w[0] >> 8) * 0x1p-24;
-    return static_cast<T>(a + (b - a) * unit);
+    // Explicitly rounded steps: a contracted fused multiply-add would differ from the CPU.
+    return static_cast<T>(__dadd_rn(a, __dmul_rn(b - a, unit)));
   } else {
     // Box-Muller, cosine branch (one normal per element).
     double u1 = kWide ? unit_open_low_64(w[0], w[1]) : unit_open_low_32(w[0]);
     double u2 = kWide ? unit_open_low_64(w[2], w[3]) : unit_open_low_32(w[1]);
-    return static_cast<T>(a + b * ::sqrt(-2.0 * ::log(u1)) * ::cos(kTwoPi * u2));
+    return static_cast<T>(__dadd_rn(a, __dmul_rn(__dmul_rn(b, ::sqrt(-2.0 * ::log(u1))), ::cos(kTwoPi * u2))));
   }
 }
 

@@ -450,6 +450,7 @@ void reduce_typed(ReduceOp op, const T* in, const Geometry& g, const Tensor& out
 
 void reduce_kernel(ReduceOp op, const Tensor& in, int64_t outer, int64_t inner, int64_t post, const Tensor& out,
                    const Tensor& values, double correction) {
+  if (outer == 0 || post == 0) return;  // no outputs (the split math below divides by them)
   DeviceGuard guard(out.device());
   const Geometry g{outer, inner, post, out.device(), stream_of(out.device())};
   dispatch_dtype(in.dtype(), DTypeSet::Numeric, "reduce", [&](auto tag) {
