@@ -20,9 +20,8 @@ void Progress::update(int64_t steps_done, double loss, int64_t images_done) {
   double elapsed = std::chrono::duration<double>(now - start_).count();
   double rate = elapsed > 0 ? images_done / elapsed : 0;
   double eta = steps_done > 0 ? elapsed * (steps_ - steps_done) / steps_done : 0;
+  if (!due(steps_done)) return;
   if (bar_) {
-    // Redrawing more than ten times a second only costs time.
-    if (steps_done < steps_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
     last_draw_ = now;
     constexpr int kWidth = 30;
     int filled = steps_ > 0 ? static_cast<int>(kWidth * steps_done / steps_) : kWidth;
@@ -32,11 +31,16 @@ void Progress::update(int64_t steps_done, double loss, int64_t images_done) {
          << std::flush;
     return;
   }
-  if (steps_done < next_line_ || steps_done == 0) return;
   next_line_ = steps_done + std::max<int64_t>(1, steps_ / 10);
   out_ << "epoch " << epoch_ << "/" << epochs_ << " step " << steps_done << "/" << steps_ << " loss " << std::fixed
        << std::setprecision(4) << loss << " " << std::setprecision(0) << rate << " img/s ETA " << eta << "s\n"
        << std::flush;
+}
+
+bool Progress::due(int64_t steps_done) const {
+  // Redrawing a bar more than ten times a second only costs time.
+  if (bar_) return steps_done >= steps_ || std::chrono::steady_clock::now() - last_draw_ >= std::chrono::milliseconds(100);
+  return steps_done >= next_line_ && steps_done != 0;
 }
 
 void Progress::finish() {

@@ -13,6 +13,9 @@ class Progress {
   // bar: redraw a bar in place; otherwise print a plain line every 10% of the epoch.
   Progress(std::ostream& out, bool bar, int epoch, int epochs, int64_t steps);
   void update(int64_t steps_done, double loss, int64_t images_done);
+  // Whether update(steps_done, ...) would draw: the loop reads the loss back from the
+  // device (a host synchronisation on a GPU) only then.
+  bool due(int64_t steps_done) const;
   void finish();
 
   // Whether `out` is std::cout connected to a terminal.

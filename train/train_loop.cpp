@@ -53,7 +53,10 @@ EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
   train_loader_->set_epoch(epoch - 1);
   const int64_t steps = static_cast<int64_t>(train_loader_->size());
   Progress progress(log, Progress::is_terminal(log), epoch, epochs, steps);
-  double loss_sum = 0;
+  // The epoch's loss is summed on the model's device; a batch's loss is read back (a host
+  // synchronisation on a GPU, which would stall the queue of launches) only when a
+  // callback or the progress display needs it.
+  Tensor loss_sum = zeros({}, TensorOptions(DType::Float64, options_.device));
   int64_t step = 0, images = 0;
   auto start = std::chrono::steady_clock::now();
   for (const data::Batch& batch : *train_loader_) {
@@ -64,17 +67,23 @@ EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
     loss.backward();
     optimizer_->step();
     for (auto& cb : callbacks_) cb->on_after_optimizer_step(*this, step);
-    double value = loss.item();
-    loss_sum += value;
+    {
+      NoGradGuard no_grad;
+      loss_sum = add(loss_sum, loss.detach().to(DType::Float64));
+    }
     images += x.size(0);
     ++step;
-    for (auto& cb : callbacks_) cb->on_batch_end(*this, step - 1, value);
-    if (options_.progress) progress.update(step, value, images);
+    const bool show = options_.progress && progress.due(step);
+    if (show || !callbacks_.empty()) {
+      double value = loss.item();
+      for (auto& cb : callbacks_) cb->on_batch_end(*this, step - 1, value);
+      if (show) progress.update(step, value, images);
+    }
   }
   progress.finish();
   EpochResult result;
   result.epoch = epoch;
-  result.train_loss = step > 0 ? loss_sum / step : 0;
+  result.train_loss = step > 0 ? loss_sum.item() / step : 0;  // waits for the device: the epoch's time is honest
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.images_per_second = result.seconds > 0 ? images / result.seconds : 0;
   return result;

@@ -82,11 +82,11 @@ void copy_kernel(const Tensor& src, const Tensor& dst) {
   Event ready;
   ready.record(src_stream);
   ready.block(dst_stream);
+  Tensor staged = src;  // freed only after the source stream has been ordered after the copy
   if (physical_device(from) == physical_device(to)) {
     DeviceGuard guard(to);
     copy_on_stream(src, dst, dst_stream.handle());
   } else {
-    Tensor staged = src;
     if (!(src.is_contiguous() && src.dtype() == dst.dtype() && src.shape() == dst.shape())) {
       staged = empty(dst.shape(), TensorOptions(dst.dtype(), from));
       DeviceGuard guard(from);
