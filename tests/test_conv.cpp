@@ -73,7 +73,43 @@ const std::vector<Config> kConfigs = {
     {{3, 16, 14, 14}, {32, 16, 5, 5}, {1, 1}, {2, 2}},            // ... and its second
     {{3, 4, 5}, {2, 3, 2, 3}, {1, 1}, {1, 0}},                    // unbatched [C, H, W]
     {{2, 1, 11, 3}, {2, 1, 4, 1}, {3, 1}, {0, 1}, {2, 1}},        // odd, thin
+    // The direct kernel's edges: more output channels than two vectors hold (and not a
+    // whole number of them), rows of 31 cut into blocks of unequal length, and the same
+    // with groups, dilation and padding that differs per dimension.
+    {{2, 3, 6, 31}, {37, 3, 3, 3}, {1, 1}, {1, 1}},
+    {{1, 6, 5, 17}, {42, 2, 3, 5}, {1, 1}, {2, 1}, {2, 2}, 3},
+    {{2, 5, 4, 23}, {19, 5, 2, 3}, {1, 2}, {1, 0}, {1, 3}},
 };
+
+// The gradients of sum(out * upstream) by the definition: every term of the forward sum
+// adds upstream * weight to grad_input and upstream * input to grad_weight.
+std::pair<Tensor, Tensor> reference_input_weight_grads(const Tensor& input, const Tensor& weight,
+                                                       const Tensor& upstream, const Config& c) {
+  const int64_t n = input.size(0), channels = input.size(1), h = input.size(2), w = input.size(3);
+  const int64_t o_count = weight.size(0), cg = weight.size(1), kh = weight.size(2), kw = weight.size(3);
+  const int64_t og = o_count / c.groups, oh = upstream.size(2), ow = upstream.size(3);
+  const std::vector<double> vx = input.to_vector<double>(), vw = weight.to_vector<double>();
+  const std::vector<double> vu = upstream.to_vector<double>();
+  std::vector<double> gx(vx.size()), gw(vw.size());
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t o = 0; o < o_count; ++o)
+      for (int64_t y = 0; y < oh; ++y)
+        for (int64_t x = 0; x < ow; ++x) {
+          const double u = vu[((s * o_count + o) * oh + y) * ow + x];
+          for (int64_t ci = 0; ci < cg; ++ci)
+            for (int64_t ki = 0; ki < kh; ++ki)
+              for (int64_t kj = 0; kj < kw; ++kj) {
+                const int64_t iy = y * c.stride[0] - c.padding[0] + ki * c.dilation[0];
+                const int64_t ix = x * c.stride[1] - c.padding[1] + kj * c.dilation[1];
+                if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+                const int64_t xi = ((s * channels + o / og * cg + ci) * h + iy) * w + ix;
+                const int64_t wi = ((o * cg + ci) * kh + ki) * kw + kj;
+                gx[xi] += u * vw[wi];
+                gw[wi] += u * vx[xi];
+              }
+        }
+  return {tensor<double>(gx, input.shape()), tensor<double>(gw, weight.shape())};
+}
 
 // Small versions for gradcheck (which builds full Jacobians).
 const std::vector<Config> kGradConfigs = {
@@ -162,6 +198,29 @@ TEST_CASE("conv2d: float32 backward matches float64") {
       grads[dtype == DType::Float32].assign({xi.grad(), wi.grad(), bi.grad()});
     }
     for (int i = 0; i < 3; ++i) CHECK_CLOSE(grads[1][i], grads[0][i], 1e-3, 1e-4);
+  }
+}
+
+TEST_CASE("conv2d: input and weight gradients match the definition") {
+  // grad_input by the direct kernel (unit stride, grad_out padded or not) and by col2im
+  // (strided, or padding beyond dilation * (k - 1)); channel and row tails, groups,
+  // dilation, and the ConvNet's second layer.
+  uint64_t seed = 400;
+  for (int i : {0, 1, 3, 4, 10, 12, 15, 16, 17}) {
+    const Config& c = kConfigs[i];
+    CAPTURE(c.input);
+    CAPTURE(c.weight);
+    Tensor x = random(c.input, DType::Float64, seed++), w = random(c.weight, DType::Float64, seed++);
+    Tensor upstream = random(reference_conv2d(x, w, Tensor(), c).shape(), DType::Float64, seed++);
+    const auto [ref_gx, ref_gw] = reference_input_weight_grads(x, w, upstream, c);
+    for (DType dtype : {DType::Float64, DType::Float32}) {
+      CAPTURE(dtype);
+      const double tol = dtype == DType::Float64 ? 1e-12 : 1e-4;
+      Tensor xi = x.to(dtype).detach().requires_grad_(), wi = w.to(dtype).detach().requires_grad_();
+      run(xi, wi, Tensor(), c).backward(upstream.to(dtype));
+      CHECK_CLOSE(xi.grad(), ref_gx, tol, tol);
+      CHECK_CLOSE(wi.grad(), ref_gw, tol, tol);
+    }
   }
 }
 

@@ -1,13 +1,17 @@
-// CPU conv2d: im2col + Eigen GEMM per sample and group, parallel over the batch.
+// CPU conv2d: register-blocked direct convolutions (kernels/cpu/direct_conv.h), parallel
+// over the batch.
 //
-// Per sample, im2col lays the input out as col [C * kH * kW, OH * OW] (row r = (c, ki,
-// kj), column = output position), so that the convolution of group g is one product
-// out_g [O/G, L] = weight_g [O/G, K] @ col_g [K, L] with K = C/G * kH * kW. im2col reads
-// from a copy of the sample with its zero border written out, so its inner loops have no
-// bounds tests. A 1x1 kernel with unit stride and no padding needs no col: the input
-// already has that layout. Backward per sample: dcol_g = weight_g^T @ grad_out_g,
-// scattered back by col2im; grad_weight_g += grad_out_g @ col_g^T. Every product is
-// an Eigen GEMM on maps of raw memory; transposes are column-major maps, never copies.
+// Forward, per sample and group: out_g = direct_conv(weight_g packed tap-major, the
+// sample with its zero border written out). A 1x1 kernel with unit stride and no
+// padding is a GEMM on the input as it lies: out_g [O/G, L] = weight_g [O/G, C/G] @
+// input_g [C/G, L] (Eigen, on maps of raw memory).
+//
+// Backward, per sample: grad_weight_g += direct_conv_weight_grad(grad_out_g transposed,
+// the padded sample). With unit stride the input gradient is itself a convolution — of
+// grad_out, padded by dilation * (k - 1) - padding, with the weights flipped and their in
+// and out channels swapped — and goes through direct_conv; otherwise (strides) the GEMM
+// dcol_g = weight_g^T @ grad_out_g gives one column per output position and col2im adds
+// each back to the input element it multiplied.
 //
 // Threads take whole samples. grad_weight sums over the batch, so the batch is cut into
 // a fixed number of chunks (depending on N only, never on the thread count), each chunk
@@ -21,6 +25,7 @@
 #include <cstring>
 
 #include "kernels/conv_kernels.h"
+#include "kernels/cpu/direct_conv.h"
 #include "kernels/cpu/parallel.h"
 
 namespace weft {
@@ -56,7 +61,7 @@ struct Geometry {
   int64_t sh, sw, ph, pw, dh, dw;
   int64_t k;  // rows of a group's col: C / G * kH * kW
   int64_t l;  // output positions: OH * OW
-  bool direct;  // 1x1, unit stride, no padding: col is the input itself
+  bool pointwise;  // 1x1, unit stride, no padding: col is the input itself
 
   Geometry(const Tensor& input, const Tensor& weight, int64_t out_h_, int64_t out_w_, const Conv2dParams& p)
       : n(input.size(0)), channels(input.size(1)), height(input.size(2)), width(input.size(3)),
@@ -64,7 +69,7 @@ struct Geometry {
         groups(p.groups), group_channels(channels / p.groups), group_out(out_channels / p.groups),
         sh(p.stride[0]), sw(p.stride[1]), ph(p.padding[0]), pw(p.padding[1]), dh(p.dilation[0]), dw(p.dilation[1]),
         k(group_channels * kh * kw), l(out_h_ * out_w_),
-        direct(kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0) {}
+        pointwise(kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0) {}
 
   int64_t input_numel() const { return channels * height * width; }
   int64_t col_numel() const { return groups * k * l; }
@@ -72,6 +77,21 @@ struct Geometry {
   int64_t padded_h() const { return height + 2 * ph; }
   int64_t padded_w() const { return width + 2 * pw; }
   int64_t padded_numel() const { return padded() ? channels * padded_h() * padded_w() : 0; }
+  // One group's forward as direct_conv reads it.
+  cpu::DirectConvShape forward_shape() const {
+    return {group_channels, padded_h(), padded_w(), group_out, kh, kw, sh, sw, dh, dw, out_h, out_w};
+  }
+  // With unit stride, grad_input is the convolution of grad_out, padded by
+  // dilation * (k - 1) - padding, with the flipped weights (in and out channels swapped);
+  // it needs that padding to be non-negative.
+  bool input_grad_is_conv() const { return sh == 1 && sw == 1 && ph <= dh * (kh - 1) && pw <= dw * (kw - 1); }
+  int64_t grad_ph() const { return dh * (kh - 1) - ph; }
+  int64_t grad_pw() const { return dw * (kw - 1) - pw; }
+  int64_t padded_grad_h() const { return out_h + 2 * grad_ph(); }
+  int64_t padded_grad_w() const { return out_w + 2 * grad_pw(); }
+  cpu::DirectConvShape input_grad_shape() const {
+    return {group_out, padded_grad_h(), padded_grad_w(), group_channels, kh, kw, 1, 1, dh, dw, height, width};
+  }
   // Grain for parallel_for over units of `samples` samples each.
   int64_t grain(int64_t samples) const {
     const int64_t macs = std::max<int64_t>(1, samples * out_channels * k * l);
@@ -111,51 +131,39 @@ void add_row(T* dst, const T* src, int64_t n) {
   for (; i < n; ++i) dst[i] += src[i];
 }
 
-// The sample with its zero border written out, so that im2col and col2im never test
-// bounds (their rows are short, an image row, and a branch per row costs as much as the
-// copy). Returns `input` itself when there is no padding.
+// `planes` planes of [h, w] with a zero border of ph rows and pw columns written out
+// around each, so that the convolutions never test bounds (their rows are short, an
+// image row, and a branch per row costs as much as the copy).
+template <class T>
+void pad_planes(const T* src, int64_t planes, int64_t h, int64_t w, int64_t ph, int64_t pw, T* padded) {
+  const int64_t hp = h + 2 * ph, wp = w + 2 * pw;
+  for (int64_t c = 0; c < planes; ++c) {
+    for (int64_t ih = 0; ih < hp; ++ih) {
+      T* dst = padded + (c * hp + ih) * wp;
+      const int64_t row = ih - ph;
+      if (row < 0 || row >= h) {
+        std::fill(dst, dst + wp, T(0));
+        continue;
+      }
+      std::fill(dst, dst + pw, T(0));
+      copy_row(dst + pw, src + (c * h + row) * w, w);
+      std::fill(dst + pw + w, dst + wp, T(0));
+    }
+  }
+}
+
+// The sample as the convolutions read it: padded into `padded`, or `input` itself when
+// there is no padding.
 template <class T>
 const T* pad_input(const Geometry& g, const T* input, T* padded) {
   if (!g.padded()) return input;
-  const int64_t hp = g.padded_h(), wp = g.padded_w();
-  for (int64_t c = 0; c < g.channels; ++c) {
-    for (int64_t ih = 0; ih < hp; ++ih) {
-      T* dst = padded + (c * hp + ih) * wp;
-      const int64_t h = ih - g.ph;
-      if (h < 0 || h >= g.height) {
-        for (int64_t iw = 0; iw < wp; ++iw) dst[iw] = T(0);
-        continue;
-      }
-      const T* src = input + (c * g.height + h) * g.width;
-      for (int64_t iw = 0; iw < g.pw; ++iw) dst[iw] = T(0);
-      copy_row(dst + g.pw, src, g.width);
-      for (int64_t iw = g.pw + g.width; iw < wp; ++iw) dst[iw] = T(0);
-    }
-  }
+  pad_planes(input, g.channels, g.height, g.width, g.ph, g.pw, padded);
   return padded;
 }
 
-// col[(c, ki, kj), (oh, ow)] = padded[c, oh * sh + ki * dh, ow * sw + kj * dw]. The
-// output size formula keeps every read inside the padded plane.
-template <class T>
-void im2col(const Geometry& g, const T* padded, T* col) {
-  const int64_t hp = g.padded_h(), wp = g.padded_w();
-  for (int64_t c = 0; c < g.channels; ++c)
-    for (int64_t ki = 0; ki < g.kh; ++ki)
-      for (int64_t kj = 0; kj < g.kw; ++kj) {
-        const T* src = padded + (c * hp + ki * g.dh) * wp + kj * g.dw;
-        T* dst = col + ((c * g.kh + ki) * g.kw + kj) * g.l;
-        for (int64_t oh = 0; oh < g.out_h; ++oh, dst += g.out_w, src += g.sh * wp) {
-          if (g.sw == 1)
-            copy_row(dst, src, g.out_w);
-          else
-            for (int64_t ow = 0; ow < g.out_w; ++ow) dst[ow] = src[ow * g.sw];
-        }
-      }
-}
-
-// The adjoint of im2col (then of pad_input): every col entry is added to the input
-// element it was read from. grad_input is written, not accumulated; `padded` is scratch
+// col [C * kH * kW, OH * OW] holds, at row (c, ki, kj) and column (oh, ow), a term for
+// padded[c, oh * sh + ki * dh, ow * sw + kj * dw]; col2im adds each to that element, then
+// drops the border. grad_input is written, not accumulated; `padded` is scratch
 // of padded_numel() elements.
 template <class T>
 void col2im(const Geometry& g, const T* col, T* grad_input, T* padded) {
@@ -182,6 +190,65 @@ void col2im(const Geometry& g, const T* col, T* grad_input, T* padded) {
     }
 }
 
+// weight [O, C / G, kH, kW] packed for direct_conv, group after group:
+// packed[g][r][o] = weight[g * O / G + o][r] for the taps r = (c, ki, kj).
+template <class T>
+Buffer<T> pack_forward_weight(const Geometry& g, const T* weight) {
+  const int64_t width = cpu::packed_width<T>(g.group_out);
+  Buffer<T> packed = Buffer<T>::Zero(g.groups * g.k * width);
+  for (int64_t grp = 0; grp < g.groups; ++grp)
+    for (int64_t o = 0; o < g.group_out; ++o)
+      for (int64_t r = 0; r < g.k; ++r)
+        packed[(grp * g.k + r) * width + o] = weight[(grp * g.group_out + o) * g.k + r];
+  return packed;
+}
+
+// The weights of grad_input as a convolution of grad_out: taps (o, ki, kj) over the
+// group's output channels, outputs the group's input channels, the kernel flipped:
+// packed[g][(o, ki, kj)][c] = weight[g * O / G + o][c][kH - 1 - ki][kW - 1 - kj].
+template <class T>
+Buffer<T> pack_input_grad_weight(const Geometry& g, const T* weight) {
+  const int64_t width = cpu::packed_width<T>(g.group_channels);
+  const int64_t taps = g.group_out * g.kh * g.kw;
+  Buffer<T> packed = Buffer<T>::Zero(g.groups * taps * width);
+  for (int64_t grp = 0; grp < g.groups; ++grp)
+    for (int64_t o = 0; o < g.group_out; ++o)
+      for (int64_t c = 0; c < g.group_channels; ++c)
+        for (int64_t ki = 0; ki < g.kh; ++ki)
+          for (int64_t kj = 0; kj < g.kw; ++kj) {
+            const int64_t tap = (o * g.kh + ki) * g.kw + kj;
+            const int64_t from = (((grp * g.group_out + o) * g.group_channels + c) * g.kh + (g.kh - 1 - ki)) * g.kw +
+                                 (g.kw - 1 - kj);
+            packed[(grp * taps + tap) * width + c] = weight[from];
+          }
+  return packed;
+}
+
+// bias [O] padded per group to direct_conv's row length.
+template <class T>
+Buffer<T> pack_bias(const Geometry& g, const T* bias) {
+  const int64_t width = cpu::packed_width<T>(g.group_out);
+  Buffer<T> packed = Buffer<T>::Zero(g.groups * width);
+  for (int64_t grp = 0; grp < g.groups; ++grp)
+    for (int64_t o = 0; o < g.group_out; ++o) packed[grp * width + o] = bias[grp * g.group_out + o];
+  return packed;
+}
+
+// out_g = weight_g @ input_g per group, for the pointwise case.
+template <class T>
+void pointwise_forward(const Geometry& g, const T* x, const T* w, const T* b, T* ys) {
+  for (int64_t grp = 0; grp < g.groups; ++grp) {
+    RowMap<T>(ys + grp * g.group_out * g.l, g.group_out, g.l).noalias() =
+        ConstRowMap<T>(w + grp * g.group_out * g.k, g.group_out, g.k) *
+        ConstRowMap<T>(x + grp * g.k * g.l, g.k, g.l);
+  }
+  if (b)
+    for (int64_t o = 0; o < g.out_channels; ++o) {
+      T* row = ys + o * g.l;
+      for (int64_t i = 0; i < g.l; ++i) row[i] += b[o];
+    }
+}
+
 template <class T>
 void forward_typed(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& out,
                    const Conv2dParams& p) {
@@ -191,26 +258,25 @@ void forward_typed(const Tensor& input, const Tensor& weight, const Tensor& bias
   const T* b = bias.defined() ? static_cast<const T*>(bias.raw_data()) : nullptr;
   T* y = static_cast<T*>(out.raw_data());
 
+  const cpu::DirectConvShape shape = g.forward_shape();
+  const int64_t width = cpu::packed_width<T>(g.group_out);
+  const Buffer<T> packed = g.pointwise ? Buffer<T>() : pack_forward_weight(g, w);
+  const Buffer<T> packed_bias = b && !g.pointwise ? pack_bias(g, b) : Buffer<T>();
+  const int64_t group_plane = g.group_channels * g.padded_h() * g.padded_w();
+
   cpu::parallel_for(0, g.n, g.grain(1), [&](int64_t begin, int64_t end) {
-    Buffer<T> col_buffer(g.direct ? 0 : g.col_numel()), pad_buffer(g.padded_numel());
+    Buffer<T> pad_buffer(g.padded_numel());
     for (int64_t s = begin; s < end; ++s) {
       const T* x = in + s * g.input_numel();
-      const T* col = x;
-      if (!g.direct) {
-        im2col(g, pad_input(g, x, pad_buffer.data()), col_buffer.data());
-        col = col_buffer.data();
-      }
       T* ys = y + s * g.out_channels * g.l;
-      for (int64_t grp = 0; grp < g.groups; ++grp) {
-        RowMap<T>(ys + grp * g.group_out * g.l, g.group_out, g.l).noalias() =
-            ConstRowMap<T>(w + grp * g.group_out * g.k, g.group_out, g.k) *
-            ConstRowMap<T>(col + grp * g.k * g.l, g.k, g.l);
+      if (g.pointwise) {
+        pointwise_forward(g, x, w, b, ys);
+        continue;
       }
-      if (b)
-        for (int64_t o = 0; o < g.out_channels; ++o) {
-          T* row = ys + o * g.l;
-          for (int64_t i = 0; i < g.l; ++i) row[i] += b[o];
-        }
+      const T* xp = pad_input(g, x, pad_buffer.data());
+      for (int64_t grp = 0; grp < g.groups; ++grp)
+        cpu::direct_conv(shape, packed.data() + grp * g.k * width, b ? packed_bias.data() + grp * width : nullptr,
+                         xp + grp * group_plane, ys + grp * g.group_out * g.l);
     }
   });
 }
@@ -240,58 +306,83 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& w
   if (!grad_input.defined() && !grad_weight.defined()) return;
 
   T* gx = grad_input.defined() ? static_cast<T*>(grad_input.raw_data()) : nullptr;
-  const int64_t weight_numel = g.out_channels * g.k;
+  // grad_input: a direct convolution of grad_out where the stride allows, else col2im.
+  const bool input_grad_by_conv = gx && !g.pointwise && g.input_grad_is_conv();
+  const cpu::DirectConvShape grad_shape = g.input_grad_shape();
+  const int64_t grad_width = cpu::packed_width<T>(g.group_channels);
+  const Buffer<T> grad_packed = input_grad_by_conv ? pack_input_grad_weight(g, w) : Buffer<T>();
+  const bool grad_out_padded = g.grad_ph() > 0 || g.grad_pw() > 0;
+  const int64_t grad_group_plane = g.group_out * g.padded_grad_h() * g.padded_grad_w();
+
+  // grad_weight: a partial per chunk, packed tap-major as the forward's weights are.
+  const cpu::DirectConvShape shape = g.forward_shape();
+  const int64_t width = cpu::packed_width<T>(g.group_out);
+  const int64_t packed_numel = g.groups * g.k * width;
+  const int64_t group_plane = g.group_channels * g.padded_h() * g.padded_w();
   // grad_input alone has no cross-sample sum: then every sample is its own chunk.
   const int64_t chunks = grad_weight.defined() ? std::min(g.n, kMaxChunks) : g.n;
-  Buffer<T> partials(grad_weight.defined() ? chunks * weight_numel : 0);
+  Buffer<T> partials = grad_weight.defined() ? Buffer<T>::Zero(chunks * packed_numel) : Buffer<T>();
 
   cpu::parallel_for(0, chunks, g.grain(g.n / chunks), [&](int64_t chunk_begin, int64_t chunk_end) {
-    const bool need_col = grad_weight.defined() && !g.direct;
-    const bool need_dcol = gx && !g.direct;
-    Buffer<T> col_buffer(need_col ? g.col_numel() : 0), dcol_buffer(need_dcol ? g.col_numel() : 0);
-    Buffer<T> pad_buffer(g.padded_numel());
+    const bool need_dcol = gx && !g.pointwise && !input_grad_by_conv;
+    Buffer<T> dcol_buffer(need_dcol ? g.col_numel() : 0), pad_buffer(g.padded_numel());
+    Buffer<T> grad_pad_buffer(input_grad_by_conv && grad_out_padded ? g.groups * grad_group_plane : 0);
+    // One group's grad_out transposed to [position][channel]; the channels beyond the
+    // group's stay zero.
+    Buffer<T> grad_out_t = Buffer<T>::Zero(grad_weight.defined() ? g.l * width : 0);
     for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
       const int64_t first = chunk * g.n / chunks, last = (chunk + 1) * g.n / chunks;
       for (int64_t s = first; s < last; ++s) {
         const T* gys = gy + s * out_numel;
         if (grad_weight.defined()) {
-          const T* x = in + s * g.input_numel();
-          const T* col = x;
-          if (need_col) {
-            im2col(g, pad_input(g, x, pad_buffer.data()), col_buffer.data());
-            col = col_buffer.data();
-          }
-          T* partial = partials.data() + chunk * weight_numel;
+          const T* xp = pad_input(g, in + s * g.input_numel(), pad_buffer.data());
+          T* partial = partials.data() + chunk * packed_numel;
           for (int64_t grp = 0; grp < g.groups; ++grp) {
-            RowMap<T> dw(partial + grp * g.group_out * g.k, g.group_out, g.k);
-            ConstRowMap<T> dy(gys + grp * g.group_out * g.l, g.group_out, g.l);
-            ConstTransposedMap<T> col_t(col + grp * g.k * g.l, g.l, g.k);
-            if (s == first) dw.noalias() = dy * col_t;
-            else dw.noalias() += dy * col_t;
+            for (int64_t o = 0; o < g.group_out; ++o) {
+              const T* row = gys + (grp * g.group_out + o) * g.l;
+              for (int64_t i = 0; i < g.l; ++i) grad_out_t[i * width + o] = row[i];
+            }
+            cpu::direct_conv_weight_grad(shape, grad_out_t.data(), xp + grp * group_plane, partial + grp * g.k * width);
           }
         }
-        if (gx) {
-          T* gxs = gx + s * g.input_numel();
-          T* dcol = need_dcol ? dcol_buffer.data() : gxs;
-          for (int64_t grp = 0; grp < g.groups; ++grp) {
-            RowMap<T>(dcol + grp * g.k * g.l, g.k, g.l).noalias() =
-                ConstTransposedMap<T>(w + grp * g.group_out * g.k, g.k, g.group_out) *
-                ConstRowMap<T>(gys + grp * g.group_out * g.l, g.group_out, g.l);
+        if (!gx) continue;
+        T* gxs = gx + s * g.input_numel();
+        if (input_grad_by_conv) {
+          const T* padded = gys;
+          if (grad_out_padded) {
+            pad_planes(gys, g.out_channels, g.out_h, g.out_w, g.grad_ph(), g.grad_pw(), grad_pad_buffer.data());
+            padded = grad_pad_buffer.data();
           }
-          if (need_dcol) col2im(g, dcol, gxs, pad_buffer.data());
+          for (int64_t grp = 0; grp < g.groups; ++grp)
+            cpu::direct_conv(grad_shape, grad_packed.data() + grp * g.group_out * g.kh * g.kw * grad_width,
+                             static_cast<const T*>(nullptr),
+                             padded + grp * grad_group_plane, gxs + grp * g.group_channels * g.height * g.width);
+          continue;
         }
+        T* dcol = need_dcol ? dcol_buffer.data() : gxs;
+        for (int64_t grp = 0; grp < g.groups; ++grp) {
+          RowMap<T>(dcol + grp * g.k * g.l, g.k, g.l).noalias() =
+              ConstTransposedMap<T>(w + grp * g.group_out * g.k, g.k, g.group_out) *
+              ConstRowMap<T>(gys + grp * g.group_out * g.l, g.group_out, g.l);
+        }
+        if (need_dcol) col2im(g, dcol, gxs, pad_buffer.data());
       }
     }
   });
 
   if (grad_weight.defined()) {
     T* gw = static_cast<T*>(grad_weight.raw_data());
-    // Every element adds the partials in chunk order; threads take ranges of elements.
-    cpu::parallel_for(0, weight_numel, cpu::kGrain / chunks, [&](int64_t begin, int64_t end) {
-      std::copy(partials.data() + begin, partials.data() + end, gw + begin);
-      for (int64_t c = 1; c < chunks; ++c) {
-        const T* partial = partials.data() + c * weight_numel;
-        for (int64_t i = begin; i < end; ++i) gw[i] += partial[i];
+    // Every element adds the partials in chunk order; threads take ranges of packed rows
+    // (one tap of one group), which are then unpacked into grad_weight.
+    const int64_t rows = g.groups * g.k;
+    cpu::parallel_for(0, rows, std::max<int64_t>(1, cpu::kGrain / (chunks * width)), [&](int64_t begin, int64_t end) {
+      Buffer<T> sum(width);
+      for (int64_t row = begin; row < end; ++row) {
+        sum = Eigen::Map<const Buffer<T>>(partials.data() + row * width, width);
+        for (int64_t c = 1; c < chunks; ++c)
+          sum += Eigen::Map<const Buffer<T>>(partials.data() + c * packed_numel + row * width, width);
+        const int64_t grp = row / g.k, tap = row % g.k;
+        for (int64_t o = 0; o < g.group_out; ++o) gw[(grp * g.group_out + o) * g.k + tap] = sum[o];
       }
     });
   }
@@ -299,14 +390,14 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& w
 
 void conv2d_forward(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& out,
                     const Conv2dParams& params) {
-  dispatch_dtype(input.dtype(), DTypeSet::Floating, "conv2d", [&](auto tag) {
+  dispatch_floating(input.dtype(), "conv2d", [&](auto tag) {
     forward_typed<typename decltype(tag)::type>(input, weight, bias, out, params);
   });
 }
 
 void conv2d_backward(const Tensor& grad_out, const Tensor& input, const Tensor& weight, const Tensor& grad_input,
                      const Tensor& grad_weight, const Tensor& grad_bias, const Conv2dParams& params) {
-  dispatch_dtype(input.dtype(), DTypeSet::Floating, "conv2d backward", [&](auto tag) {
+  dispatch_floating(input.dtype(), "conv2d backward", [&](auto tag) {
     backward_typed<typename decltype(tag)::type>(grad_out, input, weight, grad_input, grad_weight, grad_bias,
                                                   params);
   });
