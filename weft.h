@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "data/dataloader.h"
 #include "data/dataset.h"
+#include "data/device_prefetcher.h"
 #include "data/idx.h"
 #include "data/sampler.h"
 #include "kernels/batch_norm.h"

@@ -1,11 +1,14 @@
 // The CUDA runtime on a GPU: devices and virtual devices, streams and events, the caching
 // allocator (reuse, statistics, stream-ordered reuse, the out-of-memory message), and
-// copies (host <-> device, pinned, across logical devices, dtype conversion, strides).
+// copies (host <-> device, pinned, across logical devices, dtype conversion, strides),
+// and DevicePrefetcher's uploads on a copy stream.
 // CTest runs this suite twice: as is, and with WEFT_VIRTUAL_DEVICES=4.
 #include <atomic>
 #include <cstdlib>
 
 #include "cuda_test_util.h"
+#include "data/dataloader.h"
+#include "data/device_prefetcher.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/memory.h"
 #include "kernels/cuda/runtime.h"
@@ -181,6 +184,34 @@ TEST_CASE("pinned host memory: asynchronous uploads, cached blocks") {
   Tensor on_device = pinned.to(gpu());
   CHECK_GPU_MATCHES(on_device, host, 0, 0);
   CHECK_THROWS_WITH_AS(on_device.pin_memory(), doctest::Contains("only host tensors can be pinned"), Error);
+}
+
+TEST_CASE("DevicePrefetcher: pinned batches uploaded on a copy stream, seen whole by the compute stream") {
+  auto ds = std::make_shared<data::TensorDataset>(test::random({64, 3, 5}, DType::Float32, 31), arange(64));
+  data::DataLoader loader(ds, {.batch_size = 8, .shuffle = true, .num_workers = 2, .pin_memory = true, .seed = 3});
+  std::vector<data::Batch> expected;
+  for (data::Batch& b : loader) expected.push_back(b);
+  REQUIRE(expected.size() == 8);
+  CHECK(expected[0].data.is_pinned());
+  const cuda::Stream compute = cuda::current_stream(gpu());
+  data::DevicePrefetcher prefetcher(loader, gpu());
+  auto it = prefetcher.begin();
+  for (size_t k = 0; k < expected.size(); ++k) {
+    CAPTURE(k);
+    REQUIRE(it != prefetcher.end());
+    CHECK(it->data.device() == gpu());
+    // Reads of batch k wait behind a hold on the compute stream while ++ drops batch k on
+    // the host and uploads batch k + 2 on the copy stream: without record_stream that
+    // upload could land in batch k's block before the reads run.
+    StreamBlocker hold(compute);
+    Tensor doubled = mul(it->data, 2.0);
+    Tensor targets = it->target.clone();
+    ++it;
+    hold.release();
+    CHECK_GPU_MATCHES(doubled, mul(expected[k].data, 2.0), 0, 0);
+    CHECK_GPU_MATCHES(targets, expected[k].target, 0, 0);
+  }
+  CHECK(it == prefetcher.end());
 }
 
 TEST_CASE("copies across logical devices") {

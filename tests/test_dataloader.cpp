@@ -1,5 +1,6 @@
 // weft::data::DataLoader: batch order and contents, equality across num_workers, seeded
-// shuffles, the bounded prefetch queue, worker exceptions and early destruction.
+// shuffles, the bounded prefetch queue, worker exceptions and early destruction;
+// DevicePrefetcher on the CPU (on a GPU: test_cuda_runtime).
 #include "test_util.h"
 
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <thread>
 
 #include "data/dataloader.h"
+#include "data/device_prefetcher.h"
 
 using namespace weft;
 using namespace weft::data;
@@ -255,4 +257,50 @@ TEST_CASE("pin_memory is accepted and changes nothing without CUDA") {
   DataLoader plain(ds, {.batch_size = 4});
   check_same_batches(collect(pinned), collect(plain));
   CHECK(&batch_generator() == &default_generator());  // outside a loader
+}
+
+TEST_CASE("DevicePrefetcher: the loader's batches, in order, on the device; every pass anew") {
+  for (int64_t workers : {0, 2}) {
+    CAPTURE(workers);
+    DataLoader loader(rows(23), {.batch_size = 4, .shuffle = true, .num_workers = workers, .seed = 5});
+    loader.set_epoch(1);
+    const std::vector<Batch> expected = collect(loader);
+    for (int pass = 0; pass < 2; ++pass) {
+      std::vector<Batch> got;
+      for (const Batch& b : DevicePrefetcher(loader, Device::cpu())) {
+        CHECK(b.data.device() == Device::cpu());
+        got.push_back(b);
+      }
+      CHECK(got.size() == 6);  // 5 full batches and one of 3
+      check_same_batches(got, expected);
+    }
+  }
+  DataLoader single(rows(3), {.batch_size = 4});
+  CHECK(collect(single).size() == 1);
+  int64_t count = 0;
+  for (const Batch& b : DevicePrefetcher(single, Device::cpu())) count += b.target.size(0);
+  CHECK(count == 3);
+  DataLoader none(rows(3), {.batch_size = 4, .drop_last = true});
+  DevicePrefetcher empty(none, Device::cpu());
+  CHECK(empty.begin() == empty.end());
+}
+
+TEST_CASE("DevicePrefetcher: a failed batch surfaces one batch early, and the pass goes on") {
+  DataLoader loader(std::make_shared<TroubleDataset>(12, 7), {.batch_size = 2});  // batch 3 holds sample 7
+  DevicePrefetcher prefetcher(loader, Device::cpu());
+  auto it = prefetcher.begin();
+  CHECK(it->target.to_vector<int64_t>() == Indices{0, 1});
+  ++it;
+  CHECK(it->target.to_vector<int64_t>() == Indices{2, 3});
+  // Handing out batch 2 stages batch 3, whose loading fails: the iterator stays on batch 1.
+  CHECK_THROWS_WITH_AS(++it, Contains("bad sample 7"), Error);
+  CHECK(it->target.to_vector<int64_t>() == Indices{2, 3});
+  ++it;
+  CHECK(it->target.to_vector<int64_t>() == Indices{4, 5});
+  ++it;
+  CHECK(it->target.to_vector<int64_t>() == Indices{8, 9});
+  ++it;
+  ++it;
+  CHECK(it == prefetcher.end());
+  CHECK_THROWS_WITH_AS(++it, Contains("past the last batch"), Error);
 }

@@ -10,6 +10,7 @@
 
 #include "core/autograd.h"
 #include "core/generator.h"
+#include "data/device_prefetcher.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "nn/safetensors.h"
@@ -59,9 +60,11 @@ EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
   Tensor loss_sum = zeros({}, TensorOptions(DType::Float64, options_.device));
   int64_t step = 0, images = 0;
   auto start = std::chrono::steady_clock::now();
-  for (const data::Batch& batch : *train_loader_) {
+  // Batches reach the device one ahead: on a GPU the next upload overlaps this step.
+  for (const data::Batch& batch : data::DevicePrefetcher(*train_loader_, options_.device)) {
     for (auto& cb : callbacks_) cb->on_batch_begin(*this, step);
-    Tensor x = batch.data.to(options_.device), y = batch.target.to(options_.device);
+    const Tensor& x = batch.data;
+    const Tensor& y = batch.target;
     optimizer_->zero_grad();
     Tensor loss = criterion_(model_->forward(x), y);
     loss.backward();
@@ -116,20 +119,20 @@ Evaluation TrainLoop::evaluate(data::DataLoader& loader) {
   bool was_training = model_->is_training();
   model_->eval();
   Evaluation e;
-  double loss_sum = 0;
-  int64_t correct = 0;
-  for (const data::Batch& batch : loader) {
-    Tensor x = batch.data.to(options_.device), y = batch.target.to(options_.device);
-    Tensor out = model_->forward(x);
-    int64_t n = x.size(0);
-    loss_sum += criterion_(out, y).item() * static_cast<double>(n);
-    correct += static_cast<int64_t>(sum(eq(argmax(out, 1), y).to(DType::Int64)).item());
+  // Summed on the device and read once at the end: no host synchronisation per batch.
+  Tensor loss_sum = zeros({}, TensorOptions(DType::Float64, options_.device));
+  Tensor correct = zeros({}, TensorOptions(DType::Int64, options_.device));
+  for (const data::Batch& batch : data::DevicePrefetcher(loader, options_.device)) {
+    Tensor out = model_->forward(batch.data);
+    const int64_t n = batch.data.size(0);
+    loss_sum = add(loss_sum, mul(criterion_(out, batch.target).to(DType::Float64), static_cast<double>(n)));
+    correct = add(correct, sum(eq(argmax(out, 1), batch.target).to(DType::Int64)));
     e.samples += n;
   }
   model_->train(was_training);
   if (e.samples > 0) {
-    e.loss = loss_sum / static_cast<double>(e.samples);
-    e.accuracy = static_cast<double>(correct) / static_cast<double>(e.samples);
+    e.loss = loss_sum.item() / static_cast<double>(e.samples);
+    e.accuracy = static_cast<double>(correct.item()) / static_cast<double>(e.samples);
   }
   return e;
 }

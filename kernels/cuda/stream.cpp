@@ -1,4 +1,4 @@
-// Compute streams per logical device, the thread's current stream, and events.
+// Compute and upload streams per logical device, the thread's current stream, and events.
 #include "kernels/cuda/stream.h"
 
 #include <array>
@@ -22,13 +22,20 @@ cudaStream_t new_stream_handle(Device device) {
   return handle;
 }
 
-struct ComputeStreams {
+// One stream per logical device, created on first use.
+struct StreamTable {
   std::array<std::atomic<cudaStream_t>, kMaxLogicalDevices> handles{};
   std::mutex mutex;
 };
 
-ComputeStreams& compute_streams() {
-  static ComputeStreams* s = new ComputeStreams;  // streams outlive static teardown, as tensors may
+// Streams outlive static teardown, as tensors may.
+StreamTable& compute_streams() {
+  static StreamTable* s = new StreamTable;
+  return *s;
+}
+
+StreamTable& upload_streams() {
+  static StreamTable* s = new StreamTable;
   return *s;
 }
 
@@ -56,9 +63,10 @@ bool Stream::query() const {
   return true;
 }
 
-Stream compute_stream(Device device) {
+namespace {
+
+Stream table_stream(StreamTable& s, Device device) {
   int i = slot(device);
-  ComputeStreams& s = compute_streams();
   cudaStream_t handle = s.handles[i].load(std::memory_order_acquire);
   if (handle == nullptr) [[unlikely]] {
     std::lock_guard lock(s.mutex);
@@ -70,6 +78,11 @@ Stream compute_stream(Device device) {
   }
   return Stream(device, handle);
 }
+
+}  // namespace
+
+Stream compute_stream(Device device) { return table_stream(compute_streams(), device); }
+Stream upload_stream(Device device) { return table_stream(upload_streams(), device); }
 
 Stream current_stream(Device device) {
   int i = slot(device);

@@ -29,6 +29,7 @@ class Stream {
 };
 
 Stream compute_stream(Device device);  // the device's default stream for ops
+Stream upload_stream(Device device);   // the device's stream for uploads that overlap compute
 Stream current_stream(Device device);  // the guarded stream on this thread, else compute_stream
 Stream create_stream(Device device);   // a new stream, alive until the process ends
 

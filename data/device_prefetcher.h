@@ -1,0 +1,73 @@
+// DevicePrefetcher: a DataLoader's batches moved to a device one batch ahead, so that the
+// upload of batch i + 1 overlaps the compute on batch i (the "data prefetcher" of
+// NVIDIA's PyTorch examples).
+//
+//   data::DataLoader loader(train, {.batch_size = 128, .shuffle = true, .num_workers = 2,
+//                                   .pin_memory = true});
+//   for (const data::Batch& batch : data::DevicePrefetcher(loader, Device::cuda(0))) {
+//     ... batch.data and batch.target are on cuda:0 ...
+//   }
+//
+// On a GPU every upload runs on the device's upload stream (cuda::upload_stream), not on
+// the stream that computes: taking batch i makes the current stream wait for its upload
+// (an event, no host synchronisation), marks its memory as used by that stream
+// (record_stream), and starts uploading batch i + 1. From pinned memory
+// (DataLoaderOptions::pin_memory) that copy runs while the kernels of batch i do. On the
+// CPU a batch is just moved with .to(device), one batch ahead too.
+//
+// The batches and their order are the loader's: only where they live changes. Like the
+// loader, one pass at a time: begin() starts a loader pass, which ends the previous one.
+// An exception loading a batch is raised one batch early, when the batch before it is
+// handed out.
+#pragma once
+
+#include <memory>
+
+#include "core/device.h"
+#include "data/dataloader.h"
+
+namespace weft::data {
+
+class DevicePrefetcher {
+ public:
+  DevicePrefetcher(DataLoader& loader, Device device);
+  DevicePrefetcher(const DevicePrefetcher&) = delete;
+  DevicePrefetcher& operator=(const DevicePrefetcher&) = delete;
+
+  class Staging;  // the loader's iterator, the staged batch, and on a GPU the copy stream
+
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const Batch*;
+    using reference = const Batch&;
+
+    Iterator() = default;  // the end
+    const Batch& operator*() const;
+    const Batch* operator->() const { return &**this; }
+    // Hands out the staged batch and starts staging the one after it; rethrows an
+    // exception that loading it raised.
+    Iterator& operator++();
+    bool operator==(const Iterator& other) const { return at_end() == other.at_end(); }
+
+   private:
+    friend class DevicePrefetcher;
+    explicit Iterator(std::shared_ptr<Staging> staging) : staging_(std::move(staging)) {}
+    bool at_end() const;
+    std::shared_ptr<Staging> staging_;
+  };
+
+  // Starts the loader's pass, hands out its first batch and stages the second.
+  Iterator begin();
+  Iterator end() { return Iterator(); }
+
+  Device device() const { return device_; }
+
+ private:
+  DataLoader& loader_;
+  Device device_;
+};
+
+}  // namespace weft::data
