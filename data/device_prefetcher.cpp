@@ -1,6 +1,7 @@
 // DevicePrefetcher: see device_prefetcher.h.
 #include "data/device_prefetcher.h"
 
+#include <exception>
 #include <optional>
 
 #include "core/error.h"
@@ -12,69 +13,98 @@
 
 namespace weft::data {
 
-// One pass: the loader's iterator, the batch handed out and the batch being uploaded.
+// One pass: the loader's iterator, the batch handed out, and the staged one — the next
+// batch, uploading, or the error that loading or uploading it raised.
 class DevicePrefetcher::Staging {
  public:
-  Staging(DataLoader& loader, Device device) : device_(device), next_(loader.begin()) {
+  Staging(DataLoader& loader, Device device) : loader_(loader), device_(device) {
 #ifdef WEFT_WITH_CUDA
-    if (device.is_cuda()) copy_stream_ = cuda::upload_stream(device);
+    if (device.is_cuda()) upload_stream_ = cuda::upload_stream(device);
 #endif
-    advance();  // stages the first batch
-    advance();  // hands it out, stages the second
+    stage();
+    advance();  // hands out the first batch (or throws its error), stages the second
   }
 
-  // The staged batch becomes the current one and the loader's next batch is staged. The
-  // loader's ++ comes first: an exception it raises (loading the batch after the staged
-  // one) leaves the pass as it was, and the next advance() goes on past that batch.
+  // Hands out the staged batch and stages the next. A staged error is rethrown here, with
+  // the batch handed out before it still current; the next advance() goes on after it.
   void advance() {
-    if (next_is_staged_) {
-      ++next_;
-      next_is_staged_ = false;
+    std::optional<Staged> item = std::move(staged_);
+    stage();
+    if (!item) {
+      current_.reset();
+      return;
     }
-    current_ = std::move(staged_);
-    staged_.reset();
-    if (current_) wait_for(*current_);
-    if (next_ == DataLoader::Iterator()) return;
-    staged_ = upload(*next_);
-    next_is_staged_ = true;
+    if (item->error) std::rethrow_exception(item->error);
+    wait_for(*item);
+    current_ = std::move(item->batch);
   }
 
   const std::optional<Batch>& current() const { return current_; }
 
  private:
-  Batch upload(const Batch& batch) {
+  struct Staged {
+    Batch batch;
+    std::exception_ptr error;
 #ifdef WEFT_WITH_CUDA
-    if (copy_stream_) {
-      cuda::StreamGuard on_copy_stream(*copy_stream_);
-      Batch uploaded{batch.data.to(device_), batch.target.to(device_)};
-      uploaded_.record(*copy_stream_);
-      return uploaded;
+    cuda::Event uploaded;  // recorded on the upload stream after the batch's copies
+#endif
+  };
+
+  // Stages the loader's next batch; never throws (an error is staged instead).
+  void stage() {
+    staged_.reset();
+    try {
+      if (!started_) {
+        started_ = true;
+        next_ = loader_.begin();
+      } else if (next_ != DataLoader::Iterator()) {
+        ++next_;
+      }
+      if (next_ == DataLoader::Iterator()) return;
+      staged_.emplace();
+      upload(*next_, *staged_);
+    } catch (...) {
+      staged_.emplace();
+      staged_->error = std::current_exception();
+    }
+  }
+
+  Tensor to_device(const Tensor& t) const { return t.defined() ? t.to(device_) : t; }
+
+  void upload(const Batch& batch, Staged& staged) {
+#ifdef WEFT_WITH_CUDA
+    if (upload_stream_) {
+      cuda::StreamGuard on_upload_stream(*upload_stream_);
+      staged.batch = {to_device(batch.data), to_device(batch.target)};
+      staged.uploaded.record(*upload_stream_);
+      return;
     }
 #endif
-    return {batch.data.to(device_), batch.target.to(device_)};
+    staged.batch = {to_device(batch.data), to_device(batch.target)};
   }
 
   // Work queued from now on, on the current stream, sees the batch uploaded; its memory
   // is not reused before that work is done.
-  void wait_for(const Batch& batch) {
+  void wait_for(const Staged& staged) {
 #ifdef WEFT_WITH_CUDA
-    if (!copy_stream_) return;
+    if (!upload_stream_) return;
     const cuda::Stream stream = cuda::current_stream(device_);
-    uploaded_.block(stream);
-    for (const Tensor& t : {batch.data, batch.target})
-      if (t.defined()) cuda::record_stream(t, stream);
+    staged.uploaded.block(stream);
+    for (const Tensor& t : {staged.batch.data, staged.batch.target})
+      if (t.defined() && t.device().is_cuda()) cuda::record_stream(t, stream);
 #else
-    (void)batch;
+    (void)staged;
 #endif
   }
 
+  DataLoader& loader_;
   Device device_;
-  DataLoader::Iterator next_;
-  bool next_is_staged_ = false;  // next_ stands at the staged batch: ++ before staging another
-  std::optional<Batch> current_, staged_;
+  bool started_ = false;
+  DataLoader::Iterator next_;  // at the staged batch
+  std::optional<Batch> current_;
+  std::optional<Staged> staged_;
 #ifdef WEFT_WITH_CUDA
-  std::optional<cuda::Stream> copy_stream_;
-  cuda::Event uploaded_;  // recorded after the staged batch's upload
+  std::optional<cuda::Stream> upload_stream_;
 #endif
 };
 

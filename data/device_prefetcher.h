@@ -15,10 +15,10 @@
 // (DataLoaderOptions::pin_memory) that copy runs while the kernels of batch i do. On the
 // CPU a batch is just moved with .to(device), one batch ahead too.
 //
-// The batches and their order are the loader's: only where they live changes. Like the
-// loader, one pass at a time: begin() starts a loader pass, which ends the previous one.
-// An exception loading a batch is raised one batch early, when the batch before it is
-// handed out.
+// The batches and their order are the loader's: only where they live changes. As with
+// the loader, an error loading (or uploading) a batch is raised by the ++ that would hand
+// it out, and the pass then goes on with the batch after it; one pass at a time: begin()
+// starts a loader pass, which ends the previous one. Copies of an iterator share its pass.
 #pragma once
 
 #include <memory>
@@ -34,7 +34,7 @@ class DevicePrefetcher {
   DevicePrefetcher(const DevicePrefetcher&) = delete;
   DevicePrefetcher& operator=(const DevicePrefetcher&) = delete;
 
-  class Staging;  // the loader's iterator, the staged batch, and on a GPU the copy stream
+  class Staging;  // the loader's iterator, the current and the staged batch
 
   class Iterator {
    public:
@@ -47,8 +47,8 @@ class DevicePrefetcher {
     Iterator() = default;  // the end
     const Batch& operator*() const;
     const Batch* operator->() const { return &**this; }
-    // Hands out the staged batch and starts staging the one after it; rethrows an
-    // exception that loading it raised.
+    // Hands out the staged batch and starts staging the one after it; rethrows, here, an
+    // exception that loading or uploading the staged batch raised.
     Iterator& operator++();
     bool operator==(const Iterator& other) const { return at_end() == other.at_end(); }
 

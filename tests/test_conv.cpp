@@ -79,6 +79,9 @@ const std::vector<Config> kConfigs = {
     {{2, 3, 6, 31}, {37, 3, 3, 3}, {1, 1}, {1, 1}},
     {{1, 6, 5, 17}, {42, 2, 3, 5}, {1, 1}, {2, 1}, {2, 2}, 3},
     {{2, 5, 4, 23}, {19, 5, 2, 3}, {1, 2}, {1, 0}, {1, 3}},
+    // ... and for the input gradient, whose output channels are the input's: 37 of them.
+    {{2, 37, 5, 9}, {5, 37, 3, 3}, {1, 1}, {1, 1}},
+    {{2, 3, 5, 6}, {4, 3, 3, 3}, {1, 1}, {3, 2}},  // padding beyond dilation * (k - 1): col2im
 };
 
 // The gradients of sum(out * upstream) by the definition: every term of the forward sum
@@ -206,7 +209,7 @@ TEST_CASE("conv2d: input and weight gradients match the definition") {
   // (strided, or padding beyond dilation * (k - 1)); channel and row tails, groups,
   // dilation, and the ConvNet's second layer.
   uint64_t seed = 400;
-  for (int i : {0, 1, 3, 4, 10, 12, 15, 16, 17}) {
+  for (int i : {0, 1, 3, 4, 10, 12, 15, 16, 17, 18, 19}) {
     const Config& c = kConfigs[i];
     CAPTURE(c.input);
     CAPTURE(c.weight);

@@ -13,6 +13,7 @@
 #include "kernels/cuda/memory.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/stream.h"
+#include "kernels/linalg.h"
 
 using namespace weft;
 using test::gpu;
@@ -38,6 +39,13 @@ struct StreamBlocker {
   }
   void release() { released.store(true); }
 };
+
+// Queues about 10 ms of matrix products on `stream`.
+void keep_busy(const cuda::Stream& stream) {
+  cuda::StreamGuard guard(stream);
+  Tensor a = full({4096, 4096}, 1.0 / 4096, TensorOptions(DType::Float32, stream.device()));
+  for (int i = 0; i < 4; ++i) a = matmul(a, a);
+}
 
 }  // namespace
 
@@ -186,28 +194,32 @@ TEST_CASE("pinned host memory: asynchronous uploads, cached blocks") {
   CHECK_THROWS_WITH_AS(on_device.pin_memory(), doctest::Contains("only host tensors can be pinned"), Error);
 }
 
-TEST_CASE("DevicePrefetcher: pinned batches uploaded on a copy stream, seen whole by the compute stream") {
+TEST_CASE("DevicePrefetcher: pinned batches uploaded on the upload stream, seen whole by the compute stream") {
   auto ds = std::make_shared<data::TensorDataset>(test::random({64, 3, 5}, DType::Float32, 31), arange(64));
   data::DataLoader loader(ds, {.batch_size = 8, .shuffle = true, .num_workers = 2, .pin_memory = true, .seed = 3});
   std::vector<data::Batch> expected;
   for (data::Batch& b : loader) expected.push_back(b);
   REQUIRE(expected.size() == 8);
   CHECK(expected[0].data.is_pinned());
-  const cuda::Stream compute = cuda::current_stream(gpu());
+  const cuda::Stream compute = cuda::current_stream(gpu()), upload = cuda::upload_stream(gpu());
+  CHECK_FALSE(compute == upload);
   data::DevicePrefetcher prefetcher(loader, gpu());
-  auto it = prefetcher.begin();
-  for (size_t k = 0; k < expected.size(); ++k) {
+  auto it = prefetcher.begin();  // batch 0 handed out, batch 1 uploading
+  CHECK(it->data.device() == gpu());
+  // The event: batch 2's upload queues behind slow work on the upload stream and is
+  // handed out at once; what the compute stream reads must still be batch 2, whole.
+  keep_busy(upload);
+  ++it;
+  ++it;
+  CHECK_GPU_MATCHES(mul(it->data, 2.0), mul(expected[2].data, 2.0), 0, 0);
+  // record_stream: reads of batch k queue behind slow work on the compute stream while ++
+  // drops batch k and uploads batch k + 2 at once; that upload must not take k's memory.
+  for (size_t k = 2; k < expected.size(); ++k) {
     CAPTURE(k);
     REQUIRE(it != prefetcher.end());
-    CHECK(it->data.device() == gpu());
-    // Reads of batch k wait behind a hold on the compute stream while ++ drops batch k on
-    // the host and uploads batch k + 2 on the copy stream: without record_stream that
-    // upload could land in batch k's block before the reads run.
-    StreamBlocker hold(compute);
-    Tensor doubled = mul(it->data, 2.0);
-    Tensor targets = it->target.clone();
+    keep_busy(compute);
+    Tensor doubled = mul(it->data, 2.0), targets = it->target.clone();
     ++it;
-    hold.release();
     CHECK_GPU_MATCHES(doubled, mul(expected[k].data, 2.0), 0, 0);
     CHECK_GPU_MATCHES(targets, expected[k].target, 0, 0);
   }

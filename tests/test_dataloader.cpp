@@ -285,22 +285,31 @@ TEST_CASE("DevicePrefetcher: the loader's batches, in order, on the device; ever
   CHECK(empty.begin() == empty.end());
 }
 
-TEST_CASE("DevicePrefetcher: a failed batch surfaces one batch early, and the pass goes on") {
-  DataLoader loader(std::make_shared<TroubleDataset>(12, 7), {.batch_size = 2});  // batch 3 holds sample 7
-  DevicePrefetcher prefetcher(loader, Device::cpu());
-  auto it = prefetcher.begin();
-  CHECK(it->target.to_vector<int64_t>() == Indices{0, 1});
-  ++it;
-  CHECK(it->target.to_vector<int64_t>() == Indices{2, 3});
-  // Handing out batch 2 stages batch 3, whose loading fails: the iterator stays on batch 1.
-  CHECK_THROWS_WITH_AS(++it, Contains("bad sample 7"), Error);
-  CHECK(it->target.to_vector<int64_t>() == Indices{2, 3});
-  ++it;
-  CHECK(it->target.to_vector<int64_t>() == Indices{4, 5});
-  ++it;
-  CHECK(it->target.to_vector<int64_t>() == Indices{8, 9});
-  ++it;
-  ++it;
-  CHECK(it == prefetcher.end());
-  CHECK_THROWS_WITH_AS(++it, Contains("past the last batch"), Error);
+TEST_CASE("DevicePrefetcher: a failed batch is raised where it would be handed out, and the pass goes on") {
+  for (int64_t workers : {0, 2}) {
+    CAPTURE(workers);
+    DataLoader loader(std::make_shared<TroubleDataset>(12, 7), {.batch_size = 2, .num_workers = workers});
+    DevicePrefetcher prefetcher(loader, Device::cpu());
+    auto it = prefetcher.begin();
+    for (int64_t k = 0; k < 3; ++k) {
+      CHECK(it->target.to_vector<int64_t>() == Indices{2 * k, 2 * k + 1});
+      if (k < 2) ++it;
+    }
+    // Batch 3 holds sample 7: its error comes at the ++ that would hand it out, and the
+    // iterator stays on batch 2.
+    CHECK_THROWS_WITH_AS(++it, Contains("bad sample 7"), Error);
+    CHECK(it->target.to_vector<int64_t>() == Indices{4, 5});
+    ++it;
+    CHECK(it->target.to_vector<int64_t>() == Indices{8, 9});
+    ++it;
+    CHECK(it->target.to_vector<int64_t>() == Indices{10, 11});
+    ++it;
+    CHECK(it == prefetcher.end());
+    CHECK_THROWS_WITH_AS(++it, Contains("past the last batch"), Error);
+    CHECK_THROWS_WITH_AS(*it, Contains("past the last batch"), Error);
+  }
+  // The first batch's error comes from begin(), as the loader's does.
+  DataLoader first(std::make_shared<TroubleDataset>(12, 0), {.batch_size = 2});
+  DevicePrefetcher failing(first, Device::cpu());
+  CHECK_THROWS_WITH_AS(failing.begin(), Contains("bad sample 0"), Error);
 }

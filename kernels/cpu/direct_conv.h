@@ -55,9 +55,9 @@ using Vector = typename VectorOf<T>::type;
 template <class T>
 constexpr int64_t kLanes = kVectorBytes / static_cast<int64_t>(sizeof(T));
 
-// Accumulators per block: 14 of the 32 (AVX-512) or 16 (AVX) vector registers, leaving
-// room for the weights and the broadcast input.
-constexpr int kMaxAccumulators = 14;
+// Accumulators per block: 14 of AVX-512's 32 vector registers, 12 of AVX's or SSE's 16,
+// leaving room for two vectors of weights and the broadcast input.
+constexpr int kMaxAccumulators = kVectorBytes == 64 ? 14 : 12;
 
 struct DirectConvShape {
   int64_t in_channels;   // of one group

@@ -1,9 +1,10 @@
 // Streams and events of logical CUDA devices.
 //
 // Every logical device has one compute stream (non-blocking, created on first use) that
-// ops launch on unless a StreamGuard on this thread selects another; communication and
-// copies that must overlap compute get their own streams from create_stream() and are
-// ordered with events, never with host synchronisation (DESIGN.md, "Streams and memory").
+// ops launch on unless a StreamGuard on this thread selects another, and one upload stream
+// for host-to-device copies that overlap compute (DevicePrefetcher); communication gets
+// its own streams from create_stream(). Work on different streams is ordered with events,
+// never with host synchronisation (DESIGN.md, "Streams and memory").
 // Streams are created once and live for the process, as in PyTorch: a Stream is a
 // plain value that can be copied and compared.
 #pragma once
