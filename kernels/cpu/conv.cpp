@@ -131,11 +131,13 @@ void add_row(T* dst, const T* src, int64_t n) {
   for (; i < n; ++i) dst[i] += src[i];
 }
 
-// `planes` planes of [h, w] with a zero border of ph rows and pw columns written out
-// around each, so that the convolutions never test bounds (their rows are short, an
-// image row, and a branch per row costs as much as the copy).
+// `planes` planes of [h, w] as the convolutions read them: with a zero border of ph rows
+// and pw columns written out around each (into `padded`), so that they never test bounds
+// (their rows are short, an image row, and a branch per row costs as much as the copy).
+// Without a border that is `src` itself.
 template <class T>
-void pad_planes(const T* src, int64_t planes, int64_t h, int64_t w, int64_t ph, int64_t pw, T* padded) {
+const T* pad_planes(const T* src, int64_t planes, int64_t h, int64_t w, int64_t ph, int64_t pw, T* padded) {
+  if (ph == 0 && pw == 0) return src;
   const int64_t hp = h + 2 * ph, wp = w + 2 * pw;
   for (int64_t c = 0; c < planes; ++c) {
     for (int64_t ih = 0; ih < hp; ++ih) {
@@ -150,15 +152,13 @@ void pad_planes(const T* src, int64_t planes, int64_t h, int64_t w, int64_t ph, 
       std::fill(dst + pw + w, dst + wp, T(0));
     }
   }
+  return padded;
 }
 
-// The sample as the convolutions read it: padded into `padded`, or `input` itself when
-// there is no padding.
+// The sample as the convolutions read it (`padded` holds padded_numel() elements).
 template <class T>
 const T* pad_input(const Geometry& g, const T* input, T* padded) {
-  if (!g.padded()) return input;
-  pad_planes(input, g.channels, g.height, g.width, g.ph, g.pw, padded);
-  return padded;
+  return pad_planes(input, g.channels, g.height, g.width, g.ph, g.pw, padded);
 }
 
 // col [C * kH * kW, OH * OW] holds, at row (c, ki, kj) and column (oh, ow), a term for
@@ -311,7 +311,6 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& w
   const cpu::DirectConvShape grad_shape = g.input_grad_shape();
   const int64_t grad_width = cpu::packed_width<T>(g.group_channels);
   const Buffer<T> grad_packed = input_grad_by_conv ? pack_input_grad_weight(g, w) : Buffer<T>();
-  const bool grad_out_padded = g.grad_ph() > 0 || g.grad_pw() > 0;
   const int64_t grad_group_plane = g.group_out * g.padded_grad_h() * g.padded_grad_w();
 
   // grad_weight: a partial per chunk, packed tap-major as the forward's weights are.
@@ -321,22 +320,23 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& w
   const int64_t group_plane = g.group_channels * g.padded_h() * g.padded_w();
   // grad_input alone has no cross-sample sum: then every sample is its own chunk.
   const int64_t chunks = grad_weight.defined() ? std::min(g.n, kMaxChunks) : g.n;
-  Buffer<T> partials = grad_weight.defined() ? Buffer<T>::Zero(chunks * packed_numel) : Buffer<T>();
+  Buffer<T> partials(grad_weight.defined() ? chunks * packed_numel : 0);  // zeroed by their chunk's thread
 
   cpu::parallel_for(0, chunks, g.grain(g.n / chunks), [&](int64_t chunk_begin, int64_t chunk_end) {
     const bool need_dcol = gx && !g.pointwise && !input_grad_by_conv;
     Buffer<T> dcol_buffer(need_dcol ? g.col_numel() : 0), pad_buffer(g.padded_numel());
-    Buffer<T> grad_pad_buffer(input_grad_by_conv && grad_out_padded ? g.groups * grad_group_plane : 0);
+    Buffer<T> grad_pad_buffer(input_grad_by_conv ? g.groups * grad_group_plane : 0);
     // One group's grad_out transposed to [position][channel]; the channels beyond the
     // group's stay zero.
     Buffer<T> grad_out_t = Buffer<T>::Zero(grad_weight.defined() ? g.l * width : 0);
     for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
       const int64_t first = chunk * g.n / chunks, last = (chunk + 1) * g.n / chunks;
+      T* partial = grad_weight.defined() ? partials.data() + chunk * packed_numel : nullptr;
+      if (partial) std::fill(partial, partial + packed_numel, T(0));
       for (int64_t s = first; s < last; ++s) {
         const T* gys = gy + s * out_numel;
         if (grad_weight.defined()) {
           const T* xp = pad_input(g, in + s * g.input_numel(), pad_buffer.data());
-          T* partial = partials.data() + chunk * packed_numel;
           for (int64_t grp = 0; grp < g.groups; ++grp) {
             for (int64_t o = 0; o < g.group_out; ++o) {
               const T* row = gys + (grp * g.group_out + o) * g.l;
@@ -348,15 +348,12 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& w
         if (!gx) continue;
         T* gxs = gx + s * g.input_numel();
         if (input_grad_by_conv) {
-          const T* padded = gys;
-          if (grad_out_padded) {
-            pad_planes(gys, g.out_channels, g.out_h, g.out_w, g.grad_ph(), g.grad_pw(), grad_pad_buffer.data());
-            padded = grad_pad_buffer.data();
-          }
+          const T* padded =
+              pad_planes(gys, g.out_channels, g.out_h, g.out_w, g.grad_ph(), g.grad_pw(), grad_pad_buffer.data());
           for (int64_t grp = 0; grp < g.groups; ++grp)
             cpu::direct_conv(grad_shape, grad_packed.data() + grp * g.group_out * g.kh * g.kw * grad_width,
-                             static_cast<const T*>(nullptr),
-                             padded + grp * grad_group_plane, gxs + grp * g.group_channels * g.height * g.width);
+                             static_cast<const T*>(nullptr), padded + grp * grad_group_plane,
+                             gxs + grp * g.group_channels * g.height * g.width);
           continue;
         }
         T* dcol = need_dcol ? dcol_buffer.data() : gxs;
