@@ -76,10 +76,18 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, const std::vec
   return std::make_shared<optim::AdamW>(params, o);
 }
 
+// The model is on its device already; each parallel mode will add its strategy here.
+std::shared_ptr<train::Strategy> make_strategy(train::ParallelMode mode) {
+  switch (mode) {
+    case train::ParallelMode::Single: return std::make_shared<train::SingleDevice>();
+  }
+  WEFT_FAIL("weft-train: no strategy for mode ", train::parallel_mode_name(mode));
+}
+
 int run(const Config& c) {
   manual_seed(c.seed);
   Device device(c.device.empty() ? (cuda_available() ? "cuda" : "cpu") : c.device);
-  train::GpuMode mode = train::parse_gpu_mode(c.mode);
+  const train::ParallelMode mode = train::parse_parallel_mode(c.mode);
 
   std::shared_ptr<data::Dataset> train_set, test_set;
   if (c.data == "fashion-mnist") {
@@ -106,8 +114,7 @@ int run(const Config& c) {
   nn::CrossEntropyLoss criterion;
 
   train::TrainLoopOptions options;
-  options.gpu_mode = mode;
-  options.device = device;
+  options.strategy = make_strategy(mode);
   options.checkpoint_path = c.checkpoint;
   options.progress = !c.no_progress;
   train::TrainLoop loop(model, train_loader, nullptr, test_loader, optimizer,
@@ -129,7 +136,8 @@ int run(const Config& c) {
     out << "{\n  \"test_accuracy\": " << (last && last->test ? last->test->accuracy : 0.0)
         << ",\n  \"final_loss\": " << (last ? last->train_loss : 0.0)
         << ",\n  \"images_per_second\": " << (seconds > 0 ? images / seconds : 0.0) << ",\n  \"epochs\": " << loop.epoch()
-        << ",\n  \"world_size\": 1,\n  \"mode\": \"" << train::gpu_mode_name(mode) << "\",\n  \"device\": \""
+        << ",\n  \"world_size\": " << loop.strategy().world_size() << ",\n  \"mode\": \""
+        << train::parallel_mode_name(mode) << "\",\n  \"device\": \""
         << device << "\",\n  \"framework\": \"weft\",\n  \"threads\": " << num_threads() << "\n}\n";
     WEFT_CHECK(out.good(), "weft-train: cannot write metrics to '", c.metrics_json, "'");
   }

@@ -86,7 +86,7 @@ void poison(const Tensor& t, cudaStream_t stream) {
 
 class Bench {
  public:
-  Bench(Device device, int reps) : device_(device), stream_(cuda::current_stream(device).handle()), reps_(reps) {}
+  Bench(Device device, int reps) : device_(device), stream_(cuda::current_native_stream(device)), reps_(reps) {}
 
   cudaStream_t stream() const { return stream_; }
 

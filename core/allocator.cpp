@@ -10,15 +10,9 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
-#include <string>
 
+#include "core/device_backend.h"
 #include "core/error.h"
-
-#ifdef WEFT_WITH_CUDA
-namespace weft::cuda {
-std::string start_backend();  // kernels/cuda/backend.cpp: "" or why no CUDA device can be used
-}
-#endif
 
 namespace weft {
 
@@ -73,8 +67,6 @@ struct Registry {
   std::array<std::atomic<Allocator*>, kMaxCpuDevices> cpu{};
   std::mutex mutex;
   std::array<std::unique_ptr<CpuAllocator>, kMaxCpuDevices> owned_cpu;
-  AllocatorFactory cuda_factory;
-  Allocator* pinned = nullptr;
 };
 
 Registry& registry() {
@@ -82,25 +74,11 @@ Registry& registry() {
   return *r;
 }
 
-// Why CUDA devices cannot be used ("" once the backend has started with a GPU). The
-// backend is started on first need, once: it registers its allocators and kernels here
-// and in the DispatchStubs (kernels/cuda/backend.h).
-const std::string& cuda_backend_status() {
-  static const std::string status = [] {
-#ifdef WEFT_WITH_CUDA
-    return cuda::start_backend();
-#else
-    return std::string("weft was built without its CUDA backend (configure with -DWEFT_CUDA=ON on a machine with nvcc)");
-#endif
-  }();
-  return status;
-}
-
 }  // namespace
 
 Allocator& allocator_for(Device device) {
-  Registry& r = registry();
   if (device.is_cpu()) [[likely]] {
+    Registry& r = registry();
     WEFT_CHECK(device.index >= 0 && device.index < kMaxCpuDevices, "invalid device ", device,
                ": logical CPU devices are cpu:0 .. cpu:", kMaxCpuDevices - 1);
     if (Allocator* a = r.cpu[device.index].load(std::memory_order_acquire)) [[likely]]
@@ -112,40 +90,13 @@ Allocator& allocator_for(Device device) {
     }
     return *r.owned_cpu[device.index];
   }
-  const std::string& status = cuda_backend_status();
-  AllocatorFactory factory;
-  {
-    std::lock_guard lock(r.mutex);
-    factory = r.cuda_factory;
-  }
-  WEFT_CHECK(factory != nullptr, "cannot use device ", device, ": ", status);
-  return factory(device);
-}
-
-void register_allocator_factory(DeviceType type, AllocatorFactory factory) {
-  WEFT_CHECK(type == DeviceType::CUDA, "register_allocator_factory: only CUDA allocators are pluggable");
-  std::lock_guard lock(registry().mutex);
-  registry().cuda_factory = std::move(factory);
-}
-
-void register_pinned_allocator(Allocator* allocator) {
-  std::lock_guard lock(registry().mutex);
-  registry().pinned = allocator;
+  return device_backend(device).allocator(device);
 }
 
 Allocator* pinned_allocator() {
-  if (!cuda_backend_status().empty()) return nullptr;
-  std::lock_guard lock(registry().mutex);
-  return registry().pinned;
+  if (!device_backend_status(DeviceType::CUDA).empty()) return nullptr;
+  return device_backend(Device::cuda()).pinned_allocator();
 }
-
-bool cuda_available() {
-  if (!cuda_backend_status().empty()) return false;
-  std::lock_guard lock(registry().mutex);
-  return registry().cuda_factory != nullptr;
-}
-
-const std::string& cuda_unavailable_reason() { return cuda_backend_status(); }
 
 AllocatorStats memory_stats(Device device) { return allocator_for(device).stats(); }
 void reset_peak_memory_stats(Device device) { allocator_for(device).reset_peak(); }

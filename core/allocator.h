@@ -2,14 +2,12 @@
 //
 // Every device (cpu:i as well as cuda:i) has one allocator, and every allocator keeps the
 // same statistics, so a test or a pipeline benchmark can assert "stage 2 peaked at N
-// bytes" whatever the device. The CUDA backend registers its allocator factory at start
-// up; core/ knows nothing of CUDA.
+// bytes" whatever the device. CUDA allocators come from the CUDA backend
+// (core/device_backend.h); core/ knows nothing of CUDA.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <string>
 
 #include "core/device.h"
 
@@ -34,17 +32,12 @@ class Allocator {
   virtual Device device() const = 0;
 };
 
-// The allocator of a logical device. Throws for a CUDA device when no CUDA backend is
-// registered (built without CUDA, or no GPU visible).
+// The allocator of a logical device. Throws for a CUDA device whose backend cannot be
+// used (built without CUDA, or no GPU visible), naming the reason.
 Allocator& allocator_for(Device device);
 
-// The CUDA backend calls this once; the factory is asked for each cuda:i on first use.
-using AllocatorFactory = std::function<Allocator&(Device)>;
-void register_allocator_factory(DeviceType type, AllocatorFactory factory);
-
-// Page-locked host memory (its device is cpu:0), registered by the CUDA backend; nullptr
-// when there is no usable GPU. Tensor::pin_memory() allocates from it.
-void register_pinned_allocator(Allocator* allocator);
+// Page-locked host memory (its device is cpu:0), from the CUDA backend; nullptr when
+// there is no usable GPU. Tensor::pin_memory() allocates from it.
 Allocator* pinned_allocator();
 
 AllocatorStats memory_stats(Device device);

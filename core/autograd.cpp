@@ -5,18 +5,24 @@
 #include <atomic>
 
 #include "core/copy.h"
-#include "kernels/elementwise.h"
+#include "core/gradient_ops.h"
+#include "core/thread_state.h"
 
 namespace weft {
 
 namespace {
-std::atomic<uint64_t> next_sequence_nr{0};
+// Per thread (Note [Execution order]): nodes made on several threads at once get numbers
+// that do not depend on how the threads interleave.
+thread_local uint64_t this_thread_next_sequence_nr = 0;
 std::atomic<uint64_t> next_hook{1};
 }  // namespace
 
+uint64_t next_sequence_nr() { return this_thread_next_sequence_nr; }
+void set_next_sequence_nr(uint64_t next) { this_thread_next_sequence_nr = next; }
+
 HookHandle next_hook_handle() { return next_hook.fetch_add(1, std::memory_order_relaxed); }
 
-Node::Node(const char* name) : name_(name), sequence_nr_(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+Node::Node(const char* name) : name_(name), sequence_nr_(this_thread_next_sequence_nr++) {}
 
 HookHandle Node::add_pre_hook(uint32_t output_nr, TensorHook hook) {
   HookHandle handle = next_hook_handle();
@@ -60,12 +66,8 @@ AccumulateGrad::AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf) : Node("
   add_output(Tensor(leaf));
 }
 
-GradList AccumulateGrad::apply(GradList&& grads) {
-  auto impl = leaf_.lock();
-  if (!impl) return {};  // the leaf is gone; nobody can read its gradient
-  Tensor leaf(impl);
-  Tensor& grad = impl->autograd->grad;
-  Tensor& incoming = grads[0];
+void AccumulateGrad::accumulate(Tensor& grad, Tensor& incoming) {
+  std::lock_guard lock(mutex_);
   if (!grad.defined()) {
     // Take the incoming gradient when nobody else holds it; otherwise copy, so that
     // a later in-place accumulation cannot write into another tensor's values.
@@ -73,8 +75,15 @@ GradList AccumulateGrad::apply(GradList&& grads) {
                      incoming.is_contiguous();
     grad = exclusive ? incoming.detach() : incoming.clone();
   } else {
-    add_(grad, incoming);
+    gradient_ops().accumulate(grad, incoming);
   }
+}
+
+GradList AccumulateGrad::apply(GradList&& grads) {
+  auto impl = leaf_.lock();
+  if (!impl) return {};  // the leaf is gone; nobody can read its gradient
+  Tensor leaf(impl);
+  accumulate(impl->autograd->grad, grads[0]);
   for (auto& [handle, hook] : post_hooks_) hook(leaf);
   return {};
 }

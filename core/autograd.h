@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <utility>
@@ -138,7 +139,8 @@ void LambdaNode<F>::fail_freed() const {
 }
 
 // The node at the end of every leaf's path: adds the incoming gradient into .grad, then
-// runs the post-accumulate-grad hooks.
+// runs the post-accumulate-grad hooks. Backward passes on several threads may reach one
+// leaf at once (replicas sharing parameters): the accumulation holds a lock.
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf);
@@ -149,7 +151,10 @@ class AccumulateGrad final : public Node {
   void reset_leaf_meta(const Tensor& leaf) { set_output_meta(0, leaf); }
 
  private:
+  void accumulate(Tensor& grad, Tensor& incoming);
+
   std::weak_ptr<TensorImpl> leaf_;
+  std::mutex mutex_;
   std::vector<std::pair<HookHandle, PostAccumulateGradHook>> post_hooks_;
 };
 

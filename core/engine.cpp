@@ -2,17 +2,23 @@
 //
 // Note [Execution order]: backward first counts, for every node reachable from the
 // roots, how many edges point at it. A node becomes ready when all of them have
-// delivered; among ready nodes the one created last runs first (highest sequence_nr).
-// That is a valid reverse topological order, and it is the same on every run and on
-// every rank, which DDP relies on: all ranks fire their gradient hooks, and so fill
-// their buckets, in the same order. CUDA work is asynchronous, so one host thread still
-// keeps every device busy.
+// delivered; among ready nodes the one with the highest sequence_nr runs first. Nodes are
+// numbered per thread, in creation order, so on one thread this is "latest-created
+// first": a valid reverse topological order, the same on every run and on every rank,
+// which DDP relies on (all ranks fire their gradient hooks, and so fill their buckets, in
+// the same order). Threads that build a graph together (fork_join: parallel_apply's
+// replicas, pipeline stages) start from their parent's number and the parent continues
+// after the furthest of them, so the order still depends only on what each thread did,
+// never on how the threads interleaved; ties between such threads are broken by the
+// order in which nodes became ready, which this single thread decides. Several backward
+// passes may run at once on different threads over different graphs. CUDA work is
+// asynchronous, so one host thread still keeps every device busy.
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "core/autograd.h"
-#include "kernels/elementwise.h"
+#include "core/gradient_ops.h"
 
 namespace weft {
 
@@ -44,7 +50,7 @@ void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grad_ro
     GradList& buffer = buffers[edge.node.get()];
     if (buffer.empty()) buffer.resize(edge.node->num_outputs());
     Tensor& slot = buffer[edge.input_nr];
-    slot = slot.defined() ? add(slot, grad) : std::move(grad);
+    slot = slot.defined() ? gradient_ops().add(slot, grad) : std::move(grad);
   };
 
   // Count dependencies over everything reachable from the roots.

@@ -10,13 +10,3 @@ void throw_error(const char* /*file*/, int /*line*/, const std::string& message)
 }
 
 }  // namespace weft::detail
-
-#include "core/dispatch.h"
-
-namespace weft {
-
-void fail_no_kernel(const char* op, Device device) {
-  WEFT_FAIL(op, ": no kernel for ", device, device.is_cuda() ? " (weft was built without its CUDA backend)" : "");
-}
-
-}  // namespace weft

@@ -2,24 +2,20 @@
 //
 // A counter-based generator makes every random value a pure function of (seed, offset,
 // element index): the same on every platform, independent of thread count, and equal
-// on CPU and GPU once the CUDA kernels use the same formula. A generator only hands out
-// ranges of counters; kernels (kernels/cpu/random.cpp) turn counters into values.
+// on CPU and GPU, which use the same formula. A generator only hands out ranges of
+// counters; kernels (kernels/random.h, kernels/cpu/random.cpp) turn counters into values.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <mutex>
+#include <utility>
+#include <vector>
 
-#include "core/dispatch.h"
-#include "core/tensor.h"
+#include "core/device.h"
+#include "core/host_device.h"
 
 namespace weft {
-
-#if defined(__CUDACC__)
-#define WEFT_HOST_DEVICE __host__ __device__
-#else
-#define WEFT_HOST_DEVICE
-#endif
 
 // One Philox-4x32-10 block: four 32-bit words for (key = seed, counter).
 WEFT_HOST_DEVICE inline std::array<uint32_t, 4> philox4x32(uint64_t seed, uint64_t counter_lo,
@@ -59,27 +55,16 @@ class Generator {
   uint64_t offset_ = 0;
 };
 
-Generator& default_generator();
+// Every logical device has its own default generator, so that what a random op draws on
+// one device (a dropout mask in replica 2) never depends on what another device's thread
+// drew first. manual_seed(s) seeds them all, and every one made later: device index 0
+// (cpu:0 and cuda:0) gets s itself, so a run on cuda:0 draws what the same run on cpu:0
+// draws; index i > 0 gets the first 64 bits of Philox(key = s, counter = i), a stream
+// independent of the others (device_seed below).
+Generator& default_generator(Device device = kCPU);
 void manual_seed(uint64_t seed);
-
-enum class RandomKind { Uniform, Normal, Integer };
-// Fills dst (contiguous) using Philox blocks starting at `first_block`:
-// Uniform in [a, b), Normal with mean a and std b, Integer in [a, b).
-using RandomFn = void(const Tensor& dst, RandomKind kind, double a, double b, uint64_t seed,
-                      uint64_t first_block);
-extern DispatchStub<RandomFn> random_stub;
-// 32-bit words one element uses (1, 2 or 4); element i uses words [i*w, i*w + w) of the
-// stream, four words per Philox block.
-int64_t random_words_per_element(DType dtype, RandomKind kind);
-// Philox blocks a random fill of `numel` elements of `dtype` consumes.
-uint64_t random_blocks_needed(int64_t numel, DType dtype, RandomKind kind);
-
-Tensor rand(const Shape& shape, const TensorOptions& options = {}, Generator* gen = nullptr);
-Tensor randn(const Shape& shape, const TensorOptions& options = {}, Generator* gen = nullptr);
-Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options = DType::Int64,
-               Generator* gen = nullptr);
-Tensor randperm(int64_t n, const TensorOptions& options = DType::Int64, Generator* gen = nullptr);
-Tensor rand_like(const Tensor& t, Generator* gen = nullptr);
-Tensor randn_like(const Tensor& t, Generator* gen = nullptr);
+uint64_t device_seed(uint64_t seed, Device device);
+// Every default generator made so far, with its device (for checkpoints).
+std::vector<std::pair<Device, Generator*>> default_generators();
 
 }  // namespace weft

@@ -5,7 +5,8 @@
 
 #include "core/autograd.h"
 #include "core/copy.h"
-#include "kernels/elementwise.h"
+#include "core/device_backend.h"
+#include "core/gradient_ops.h"
 
 namespace weft {
 
@@ -33,6 +34,9 @@ void Tensor::fail_data_ptr(DType asked) const {
 
 // --- copies -------------------------------------------------------------------------
 
+constinit DispatchStub<CopyFn> copy_stub{"copy_"};
+constinit DispatchStub<FillFn> fill_stub{"fill_"};
+
 void copy_values(const Tensor& dst, const Tensor& src) {
   WEFT_CHECK(broadcasts_to(src.shape(), dst.shape()), "copy_: source shape ",
              src.shape(), " does not broadcast to destination shape ", dst.shape());
@@ -52,7 +56,7 @@ void copy_values(const Tensor& dst, const Tensor& src) {
       copy_stub(src.device(), source, staged);
     }
     Tensor landed = dst.is_contiguous() ? dst : empty(dst.shape(), TensorOptions(dst.dtype(), dst.device()));
-    cross_device_copy(staged, landed);
+    device_backend(src.device().is_cpu() ? dst.device() : src.device()).copy_with_host(staged, landed);
     if (!landed.is_same(dst)) copy_stub(dst.device(), landed, dst);
   }
   dst.bump_version();
@@ -238,7 +242,7 @@ void Tensor::retain_grad() const {
   m.grad_fn->add_pre_hook(m.output_nr, [weak](const Tensor& g) -> Tensor {
     if (auto impl = weak.lock()) {
       Tensor& grad = impl->autograd->grad;
-      grad = grad.defined() ? add(grad, g) : g.clone();
+      grad = grad.defined() ? gradient_ops().add(grad, g) : g.clone();
     }
     return Tensor();
   });

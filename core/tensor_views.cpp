@@ -8,7 +8,7 @@
 
 #include "core/autograd.h"
 #include "core/copy.h"
-#include "kernels/reduce.h"
+#include "core/gradient_ops.h"
 
 namespace weft {
 
@@ -221,7 +221,7 @@ Tensor Tensor::expand(const Shape& requested) const {
   if (any_requires_grad(*this))
     set_history(out, make_node(
                          "ExpandBackward",
-                         [shape = shape()](const GradList& g) -> GradList { return {sum_to_shape(g[0], shape)}; },
+                         [shape = shape()](const GradList& g) -> GradList { return {gradient_ops().sum_to_shape(g[0], shape)}; },
                          *this));
   return out;
 }

@@ -5,11 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
-
-#ifdef WEFT_WITH_CUDA
-#include "kernels/cuda/memory.h"
-#include "kernels/cuda/stream.h"
-#endif
+#include "core/stream.h"
 
 namespace weft::data {
 
@@ -17,10 +13,8 @@ namespace weft::data {
 // batch, uploading, or the error that loading or uploading it raised.
 class DevicePrefetcher::Staging {
  public:
-  Staging(DataLoader& loader, Device device) : loader_(loader), device_(device) {
-#ifdef WEFT_WITH_CUDA
-    if (device.is_cuda()) upload_stream_ = cuda::upload_stream(device);
-#endif
+  Staging(DataLoader& loader, Device device)
+      : loader_(loader), device_(device), upload_stream_(upload_stream(device)) {
     stage();
     advance();  // hands out the first batch (or throws its error), stages the second
   }
@@ -45,9 +39,7 @@ class DevicePrefetcher::Staging {
   struct Staged {
     Batch batch;
     std::exception_ptr error;
-#ifdef WEFT_WITH_CUDA
-    cuda::Event uploaded;  // recorded on the upload stream after the batch's copies
-#endif
+    Event uploaded;  // recorded on the upload stream after the batch's copies
   };
 
   // Stages the loader's next batch; never throws (an error is staged instead).
@@ -72,29 +64,18 @@ class DevicePrefetcher::Staging {
   Tensor to_device(const Tensor& t) const { return t.defined() ? t.to(device_) : t; }
 
   void upload(const Batch& batch, Staged& staged) {
-#ifdef WEFT_WITH_CUDA
-    if (upload_stream_) {
-      cuda::StreamGuard on_upload_stream(*upload_stream_);
-      staged.batch = {to_device(batch.data), to_device(batch.target)};
-      staged.uploaded.record(*upload_stream_);
-      return;
-    }
-#endif
+    StreamGuard on_upload_stream(upload_stream_);
     staged.batch = {to_device(batch.data), to_device(batch.target)};
+    staged.uploaded.record(upload_stream_);
   }
 
   // Work queued from now on, on the current stream, sees the batch uploaded; its memory
   // is not reused before that work is done.
   void wait_for(const Staged& staged) {
-#ifdef WEFT_WITH_CUDA
-    if (!upload_stream_) return;
-    const cuda::Stream stream = cuda::current_stream(device_);
+    const Stream stream = current_stream(device_);
     staged.uploaded.block(stream);
     for (const Tensor& t : {staged.batch.data, staged.batch.target})
-      if (t.defined() && t.device().is_cuda()) cuda::record_stream(t, stream);
-#else
-    (void)staged;
-#endif
+      if (t.defined() && t.device() == device_) record_stream(t, stream);
   }
 
   DataLoader& loader_;
@@ -103,9 +84,7 @@ class DevicePrefetcher::Staging {
   DataLoader::Iterator next_;  // at the staged batch
   std::optional<Batch> current_;
   std::optional<Staged> staged_;
-#ifdef WEFT_WITH_CUDA
-  std::optional<cuda::Stream> upload_stream_;
-#endif
+  Stream upload_stream_;
 };
 
 DevicePrefetcher::DevicePrefetcher(DataLoader& loader, Device device) : loader_(loader), device_(device) {}

@@ -8,12 +8,12 @@
 //     ... batch.data and batch.target are on cuda:0 ...
 //   }
 //
-// On a GPU every upload runs on the device's upload stream (cuda::upload_stream), not on
-// the stream that computes: taking batch i makes the current stream wait for its upload
-// (an event, no host synchronisation), marks its memory as used by that stream
-// (record_stream), and starts uploading batch i + 1. From pinned memory
-// (DataLoaderOptions::pin_memory) that copy runs while the kernels of batch i do. On the
-// CPU a batch is just moved with .to(device), one batch ahead too.
+// Every upload runs on the device's upload stream (core/stream.h), not on the stream that
+// computes: taking batch i makes the current stream wait for its upload (an event, no
+// host synchronisation), marks its memory as used by that stream (record_stream), and
+// starts uploading batch i + 1. On a GPU, from pinned memory (DataLoaderOptions::
+// pin_memory), that copy runs while the kernels of batch i do; on a CPU device the same
+// steps cost nothing and the batch is simply moved one batch ahead.
 //
 // The batches and their order are the loader's: only where they live changes. As with
 // the loader, an error loading (or uploading) a batch is raised by the ++ that would hand

@@ -4,7 +4,7 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "core/generator.h"
+#include "kernels/random.h"
 
 namespace weft::data {
 

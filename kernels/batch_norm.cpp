@@ -8,6 +8,10 @@
 
 namespace weft {
 
+constinit DispatchStub<BatchNormStatsFn> batch_norm_stats_stub{"batch_norm stats"};
+constinit DispatchStub<BatchNormForwardFn> batch_norm_forward_stub{"batch_norm"};
+constinit DispatchStub<BatchNormBackwardFn> batch_norm_backward_stub{"batch_norm backward"};
+
 namespace {
 
 // A per-channel argument: undefined, or [C] with input's dtype and device.

@@ -11,6 +11,9 @@
 
 namespace weft {
 
+constinit DispatchStub<Conv2dForwardFn> conv2d_forward_stub{"conv2d"};
+constinit DispatchStub<Conv2dBackwardFn> conv2d_backward_stub{"conv2d backward"};
+
 namespace {
 
 int64_t output_size(int64_t in, int64_t k, int64_t stride, int64_t padding, int64_t dilation) {

@@ -5,8 +5,11 @@
 #include "kernels/checks.h"
 #include "kernels/dropout_kernels.h"
 #include "kernels/elementwise.h"
+#include "kernels/random.h"
 
 namespace weft {
+
+constinit DispatchStub<DropoutFn> dropout_stub{"dropout"};
 
 Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
   check_defined(input, "dropout", "input");

@@ -3,8 +3,8 @@
 //
 // In training, each element is zeroed with probability p and the survivors are scaled by
 // 1 / (1 - p), so the expected value is unchanged. The mask comes from a Philox stream
-// (rand() on `gen`, or the default generator), so a seed reproduces it on any thread
-// count. Returns input itself when !training, p == 0 or input is empty; p == 1 gives
+// (rand() on `gen`, or the default generator of the input's device), so a seed
+// reproduces it on any thread count. Returns input itself when !training, p == 0 or input is empty; p == 1 gives
 // zeros. The backward multiplies the gradient by the same (saved) scaled mask.
 #pragma once
 

@@ -12,6 +12,10 @@
 
 namespace weft {
 
+constinit DispatchStub<BinaryFn> binary_stub{"binary op"};
+constinit DispatchStub<UnaryFn> unary_stub{"unary op"};
+constinit DispatchStub<WhereFn> where_stub{"where"};
+
 namespace {
 
 Tensor binary_forward(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {

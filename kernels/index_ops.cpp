@@ -16,6 +16,12 @@
 
 namespace weft {
 
+constinit DispatchStub<IndexRangeFn> index_range_stub{"index range check"};
+constinit DispatchStub<IndexSelectFn> index_select_stub{"index_select"};
+constinit DispatchStub<IndexAddFn> index_add_stub{"index_add"};
+constinit DispatchStub<GatherFn> gather_stub{"gather"};
+constinit DispatchStub<ScatterAddFn> scatter_add_stub{"scatter_add"};
+
 namespace {
 
 void check_index_tensor(const Tensor& index, const Tensor& x, const char* op, const char* arg) {

@@ -19,6 +19,8 @@
 
 namespace weft {
 
+constinit DispatchStub<MatmulFn> matmul_stub{"matmul"};
+
 namespace {
 
 void check_operands(const char* op, const Tensor& a, const Tensor& b) {

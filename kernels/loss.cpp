@@ -9,6 +9,13 @@
 
 namespace weft {
 
+constinit DispatchStub<NllLossFn> nll_loss_stub{"nll_loss"};
+constinit DispatchStub<NllLossBackwardFn> nll_loss_backward_stub{"nll_loss_backward"};
+constinit DispatchStub<CrossEntropyFn> cross_entropy_stub{"cross_entropy"};
+constinit DispatchStub<CrossEntropyBackwardFn> cross_entropy_backward_stub{"cross_entropy_backward"};
+constinit DispatchStub<MseLossFn> mse_loss_stub{"mse_loss"};
+constinit DispatchStub<MseLossBackwardFn> mse_loss_backward_stub{"mse_loss_backward"};
+
 namespace {
 
 // A class loss's input read as [n, c, post], its checked contiguous operands, and the

@@ -13,6 +13,13 @@
 
 namespace weft {
 
+constinit DispatchStub<MaxPool2dFn> max_pool2d_stub{"max_pool2d"};
+constinit DispatchStub<MaxPool2dBackwardFn> max_pool2d_backward_stub{"max_pool2d backward"};
+constinit DispatchStub<AvgPool2dFn> avg_pool2d_stub{"avg_pool2d"};
+constinit DispatchStub<AvgPool2dBackwardFn> avg_pool2d_backward_stub{"avg_pool2d backward"};
+constinit DispatchStub<AdaptiveAvgPool2dFn> adaptive_avg_pool2d_stub{"adaptive_avg_pool2d"};
+constinit DispatchStub<AdaptiveAvgPool2dBackwardFn> adaptive_avg_pool2d_backward_stub{"adaptive_avg_pool2d backward"};
+
 namespace {
 
 using Pair = std::array<int64_t, 2>;

@@ -11,6 +11,8 @@
 
 namespace weft {
 
+constinit DispatchStub<ReduceFn> reduce_stub{"reduce"};
+
 namespace {
 
 // Which dims a reduction covers; empty `dims` means all.

@@ -7,6 +7,9 @@
 
 namespace weft {
 
+constinit DispatchStub<SoftmaxFn> softmax_stub{"softmax"};
+constinit DispatchStub<SoftmaxBackwardFn> softmax_backward_stub{"softmax_backward"};
+
 namespace {
 
 Tensor backward_impl(const Tensor& grad, const Tensor& output, int64_t dim, bool log, const char* name) {

@@ -23,9 +23,11 @@ class GELU : public Cloneable<GELU> {
 };
 
 // Zeroes elements with probability p and scales the rest by 1 / (1 - p) in training; the
-// identity in evaluation. The masks come from `gen` (the default generator when null),
-// which must outlive the layer and its clones (a clone shares it: replicas then draw
-// different masks from one stream, as PyTorch's replicas share one generator).
+// identity in evaluation. The masks come from the default generator of the input's
+// device, or from `gen`, which must outlive the layer and its clones. A clone or replica
+// shares `gen`: replicas running on several threads (DataParallel) then take their masks
+// from one stream in whatever order the threads reach it, so leave it null where runs
+// must repeat bit for bit; each device's own generator does not depend on thread order.
 class Dropout : public Cloneable<Dropout> {
  public:
   explicit Dropout(double p = 0.5, Generator* gen = nullptr);

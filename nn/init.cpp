@@ -6,6 +6,7 @@
 
 #include "core/autograd.h"
 #include "kernels/elementwise.h"
+#include "kernels/random.h"
 
 namespace weft::nn::init {
 

@@ -1,4 +1,4 @@
-// Module: registration, traversal, device moves, state dicts and deep copies.
+// Module: registration, traversal, device moves, state dicts, deep copies and replicas.
 #include "nn/module.h"
 
 #include <algorithm>
@@ -190,6 +190,48 @@ std::shared_ptr<Module> Module::clone(std::optional<Device> device) const {
   }
   for (auto& [name, b] : copy->buffers_) b = fresh(b);
   for (auto& [name, c] : copy->children_) c = c->clone(device);
+  return copy;
+}
+
+namespace {
+
+std::string describe(const Tensor& t) {
+  std::ostringstream out;
+  out << t.dtype() << " " << t.shape();
+  return out.str();
+}
+
+// Checks `given` against `own` (named_parameters() or named_buffers()) one by one.
+void check_replica_tensors(const std::string& type_name, const char* what, const NamedTensors& own,
+                           std::span<const Tensor> given) {
+  WEFT_CHECK(given.size() == own.size(), type_name, ".replica: got ", given.size(), " ", what, "s but the module has ",
+             own.size(), " (one per entry of named_", what, "s(), in that order); ",
+             given.size() < own.size() ? "the first one missing is '" + own[given.size()].first + "'"
+                                       : "the extra ones start at index " + std::to_string(own.size()));
+  for (size_t i = 0; i < own.size(); ++i) {
+    const auto& [name, mine] = own[i];
+    WEFT_CHECK(given[i].defined(), type_name, ".replica: ", what, " ", i, " ('", name, "') is an undefined tensor");
+    WEFT_CHECK(given[i].shape() == mine.shape() && given[i].dtype() == mine.dtype(), type_name, ".replica: ", what,
+               " ", i, " ('", name, "') is ", describe(given[i]), " but the module's is ", describe(mine));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Module> Module::replica(std::span<const Tensor> parameters, std::span<const Tensor> buffers) const {
+  check_replica_tensors(type_name_, "parameter", named_parameters(), parameters);
+  check_replica_tensors(type_name_, "buffer", named_buffers(), buffers);
+  size_t next_param = 0, next_buffer = 0;
+  return replica_from(parameters, buffers, next_param, next_buffer);
+}
+
+std::shared_ptr<Module> Module::replica_from(std::span<const Tensor> parameters, std::span<const Tensor> buffers,
+                                             size_t& next_param, size_t& next_buffer) const {
+  // The copy constructor behind shallow_copy() keeps the configuration and training_.
+  std::shared_ptr<Module> copy = shallow_copy();
+  for (auto& [name, p] : copy->params_) p = parameters[next_param++];
+  for (auto& [name, b] : copy->buffers_) b = buffers[next_buffer++];
+  for (auto& [name, c] : copy->children_) c = c->replica_from(parameters, buffers, next_param, next_buffer);
   return copy;
 }
 

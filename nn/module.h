@@ -3,9 +3,21 @@
 // A module registers its parameters, buffers and children by name in its constructor and
 // reads them back by name in forward(): `linear(x, param("weight"), param("bias"))`.
 // Keeping every tensor and child in the registry (and none in typed members) is what
-// makes the generic operations exact: clone() deep-copies any module tree (replicate()
-// for DataParallel builds on it), to() moves every tensor, state_dict() sees everything.
-// Derived classes therefore must not keep Tensor or child handles of their own.
+// makes the generic operations exact: clone() deep-copies a tree into new, independent
+// leaves (a second model with the same weights); replica() makes a shallow copy whose
+// slots hold tensors the caller gives, possibly non-leaf (the building block of
+// parallel::replicate for DataParallel, see Note [Replicas]); to() moves every tensor;
+// state_dict() sees everything. Derived classes therefore must not keep Tensor or child
+// handles of their own.
+//
+// Note [Replicas]: forward() reads its tensors from the registry at every call, so a
+// replica computes with exactly the tensors it was given: when they are the outputs of
+// a differentiable copy of the original's parameters (e.g. p.to(cuda:1)), backward
+// through the replica accumulates into the original parameters' .grad. A layer that
+// updates a buffer must do so in place on the buffer tensor, never by re-registering
+// or reassigning the slot (BatchNorm2d's running stats and num_batches_tracked are
+// updated in place), so that a replica given the original's buffer tensors (replica 0
+// of DataParallel, as in PyTorch) updates the original's statistics.
 //
 // Modules are held by std::shared_ptr; a concrete module derives from
 // Cloneable<Itself>, which supplies the copy that clone() starts from.
@@ -13,6 +25,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -77,8 +90,18 @@ class Module {
   void load_state_dict(const NamedTensors& state, bool strict = true);
 
   // A deep copy of the whole tree (on `device` if given): new leaves with the same
-  // values and requires_grad, same training mode.
+  // values and requires_grad, same training mode. Gradients of the copy never reach the
+  // original.
   std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const;
+  // A shallow copy of the whole tree (PyTorch's Module._replicate_for_data_parallel):
+  // the same module types, configuration and training mode, each parameter slot holding
+  // parameters[i] and each buffer slot buffers[j], in named_parameters() /
+  // named_buffers() order. The tensors are stored exactly as given (not detached,
+  // requires_grad untouched), so they may be non-leaf; see Note [Replicas]. Counts,
+  // shapes and dtypes must match this module's (an error names the parameter or buffer);
+  // devices are the caller's choice. A replica is for forward and backward: to(),
+  // load_state_dict() and zero_grad() on it act on the given tensors.
+  std::shared_ptr<Module> replica(std::span<const Tensor> parameters, std::span<const Tensor> buffers) const;
 
  protected:
   const Tensor& register_parameter(std::string name, Tensor value, bool requires_grad = true);
@@ -90,13 +113,18 @@ class Module {
     children_.emplace_back(std::move(name), std::move(module));
     return ref;
   }
-  // A copy that shares tensors and children with this one; clone() then replaces them.
+  // A copy that shares tensors and children with this one; clone() and replica() then
+  // replace them.
   virtual std::shared_ptr<Module> shallow_copy() const = 0;
 
  private:
   void check_new_name(const std::string& name) const;
   void collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out) const;
   void repr_into(std::string& out, int indent) const;
+  // replica() after its checks: fills the slots from parameters[next_param...] and
+  // buffers[next_buffer...] in collect() order.
+  std::shared_ptr<Module> replica_from(std::span<const Tensor> parameters, std::span<const Tensor> buffers,
+                                       size_t& next_param, size_t& next_buffer) const;
 
   std::string type_name_;
   bool training_ = true;

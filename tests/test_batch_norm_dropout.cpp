@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/dropout_kernels.h"
 #include "test_util.h"
 
 using namespace weft;
@@ -279,6 +280,43 @@ TEST_CASE("dropout: gradient is the saved mask times the scale") {
       },
       {leaf});
   CHECK_GRADCHECK([](const std::vector<Tensor>& in) { return dropout(in[0], 1.0, true); }, {leaf});
+}
+
+TEST_CASE("dropout kernel: a uniform survives exactly when it is >= p, at the float32 boundary too") {
+  // p = 0.7 rounds down to float32 (comparing with float(p) would keep the float just
+  // below 0.7) and p = 0.3 up; the kernel must decide as a comparison in double would,
+  // on the contiguous and the strided path.
+  for (double p : {0.7, 0.3, 0.1, 1.0 / 3, 0.5}) {
+    CAPTURE(p);
+    const float fp = static_cast<float>(p);
+    std::vector<float> u;
+    for (float f = std::nextafter(std::nextafter(fp, 0.0f), 0.0f); u.size() < 5; f = std::nextafter(f, 1.0f))
+      u.push_back(f);
+    u.insert(u.end(), {0.0f, 0x1.fffffep-1f, 0.5f});
+    const auto n = static_cast<int64_t>(u.size());
+    const float scale = static_cast<float>(1.0 / (1.0 - p));
+    for (bool contiguous : {true, false}) {
+      Tensor x = test::random({n}, DType::Float32, 330, 1, 2);
+      Tensor input = contiguous ? x : test::noncontiguous(x);
+      Tensor mask = tensor(u, {n}), out = full({n}, std::nan(""), DType::Float32);
+      dropout_stub(kCPU, input, mask, out, p);
+      auto m = mask.to_vector<float>();
+      auto o = out.to_vector<float>();
+      auto xv = x.to_vector<float>();
+      for (int64_t i = 0; i < n; ++i) {
+        CAPTURE(u[i]);
+        const float expected = static_cast<double>(u[i]) >= p ? scale : 0.0f;
+        CHECK(m[i] == expected);
+        CHECK(o[i] == xv[i] * expected);
+      }
+    }
+  }
+  // float64: the threshold is p itself.
+  const double p = 0.7;
+  Tensor mask = tensor(std::vector<double>{std::nextafter(p, 0.0), p, std::nextafter(p, 1.0)}, {3});
+  Tensor out = empty({3}, DType::Float64);
+  dropout_stub(kCPU, ones({3}, DType::Float64), mask, out, p);
+  CHECK(mask.to_vector<double>() == std::vector<double>{0.0, 1 / (1 - p), 1 / (1 - p)});
 }
 
 TEST_CASE("dropout: errors") {

@@ -30,6 +30,7 @@
 
 #include "kernels/dropout_kernels.h"
 #include "kernels/elementwise_kernels.h"
+#include "kernels/random_kernels.h"
 
 using namespace weft;
 using test::gpu;

@@ -28,9 +28,9 @@ int virtual_devices() {
 // Holds a stream busy until release(): a host function queued on it spins on a flag.
 struct StreamBlocker {
   std::atomic<bool> released{false};
-  explicit StreamBlocker(const cuda::Stream& stream) {
+  explicit StreamBlocker(const Stream& stream) {
     WEFT_CUDA_CHECK(cudaLaunchHostFunc(
-        stream.handle(),
+        cuda::native(stream),
         [](void* self) {
           while (!static_cast<StreamBlocker*>(self)->released.load()) {
           }
@@ -41,8 +41,8 @@ struct StreamBlocker {
 };
 
 // Queues about 10 ms of matrix products on `stream`.
-void keep_busy(const cuda::Stream& stream) {
-  cuda::StreamGuard guard(stream);
+void keep_busy(const Stream& stream) {
+  StreamGuard guard(stream);
   Tensor a = full({4096, 4096}, 1.0 / 4096, TensorOptions(DType::Float32, stream.device()));
   for (int i = 0; i < 4; ++i) a = matmul(a, a);
 }
@@ -62,30 +62,30 @@ TEST_CASE("logical devices map onto the physical GPUs") {
 }
 
 TEST_CASE("each logical device has its own compute stream; StreamGuard switches and restores") {
-  cuda::Stream s0 = cuda::compute_stream(gpu(0));
-  CHECK(cuda::current_stream(gpu(0)) == s0);
-  CHECK(cuda::compute_stream(gpu(0)) == s0);
-  if (cuda::device_count() >= 2) CHECK_FALSE(cuda::compute_stream(gpu(1)) == s0);
-  cuda::Stream side = cuda::create_stream(gpu(0));
+  Stream s0 = default_stream(gpu(0));
+  CHECK(current_stream(gpu(0)) == s0);
+  CHECK(default_stream(gpu(0)) == s0);
+  if (cuda::device_count() >= 2) CHECK_FALSE(default_stream(gpu(1)) == s0);
+  Stream side = new_stream(gpu(0));
   Tensor a = test::random({1000}, DType::Float32, 3);
   Tensor expected = add(a, a);
   Tensor result;
   {
-    cuda::StreamGuard guard(side);
-    CHECK(cuda::current_stream(gpu(0)) == side);
+    StreamGuard guard(side);
+    CHECK(current_stream(gpu(0)) == side);
     Tensor x = a.to(gpu());
     result = add(x, x);
-    cuda::Event done;
+    Event done;
     done.record(side);
     done.block(s0);
   }
-  CHECK(cuda::current_stream(gpu(0)) == s0);
+  CHECK(current_stream(gpu(0)) == s0);
   CHECK_GPU_MATCHES(result, expected, 0, 0);
 }
 
 TEST_CASE("events time work and report completion") {
-  cuda::Stream s = cuda::current_stream(gpu());
-  cuda::Event start(true), stop(true);
+  Stream s = current_stream(gpu());
+  Event start(true), stop(true);
   start.record(s);
   Tensor x = ones({1 << 20}, TensorOptions(DType::Float32, gpu()));
   Tensor y = mul(x, 3.0);
@@ -139,14 +139,14 @@ TEST_CASE("out of memory says what was asked for, what is used and what is cache
 
 TEST_CASE("record_stream: a block read by another stream is not reused until that stream is done") {
   Device d = gpu();
-  cuda::Stream side = cuda::create_stream(d);
+  Stream side = new_stream(d);
   void* block = nullptr;
   StreamBlocker blocker(side);
   const int64_t n = 3 << 20;  // 12 MiB: a segment of its own (see the test above)
   {
     Tensor t = empty({n}, TensorOptions(DType::Float32, d));
     block = t.raw_data();
-    cuda::record_stream(t, side);
+    record_stream(t, side);
   }
   Tensor other = empty({n}, TensorOptions(DType::Float32, d));
   CHECK(other.raw_data() != block);
@@ -201,7 +201,7 @@ TEST_CASE("DevicePrefetcher: pinned batches uploaded on the upload stream, seen 
   for (data::Batch& b : loader) expected.push_back(b);
   REQUIRE(expected.size() == 8);
   CHECK(expected[0].data.is_pinned());
-  const cuda::Stream compute = cuda::current_stream(gpu()), upload = cuda::upload_stream(gpu());
+  const Stream compute = current_stream(gpu()), upload = upload_stream(gpu());
   CHECK_FALSE(compute == upload);
   data::DevicePrefetcher prefetcher(loader, gpu());
   auto it = prefetcher.begin();  // batch 0 handed out, batch 1 uploading

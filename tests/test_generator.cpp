@@ -1,8 +1,12 @@
-// Generator: Philox known answers, reproducibility, distributions.
+// Generator: Philox known answers, reproducibility, the word -> value transforms and
+// the word layout that the CPU and CUDA kernels share, distributions.
 #include "test_util.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+
+#include "kernels/random_transforms.h"
 
 using namespace weft;
 
@@ -42,6 +46,58 @@ TEST_CASE("element i depends on (seed, offset, i) only") {
   auto longer = randn({100000}, DType::Float64, &g1).to_vector<double>();
   auto shorter = randn({10}, DType::Float64, &g2).to_vector<double>();
   CHECK(std::equal(shorter.begin(), shorter.end(), longer.begin()));
+}
+
+TEST_CASE("random transforms: the bits each one uses, its end points, the Box-Muller branch") {
+  const uint32_t zero[4] = {0, 0, 0, 0}, ones[4] = {~0u, ~0u, ~0u, ~0u};
+  // float32 uniforms use the top 24 bits of one word, float64 ones 53 bits of two.
+  CHECK(random_uniform<float>(zero, 0, 1) == 0.0f);
+  CHECK(random_uniform<float>(ones, 0, 1) == 0x1.fffffep-1f);  // 1 - 2^-24: 1 is never drawn
+  const uint32_t low_byte[1] = {0xFF}, bit_8[1] = {0x100};
+  CHECK(random_uniform<float>(low_byte, 0, 1) == 0.0f);
+  CHECK(random_uniform<float>(bit_8, 0, 1) == 0x1p-24f);
+  CHECK(random_uniform<double>(ones, 0, 1) == 1 - 0x1p-53);
+  const uint32_t lo_7ff[2] = {0, 0x7FF}, lo_800[2] = {0, 0x800}, hi_1[2] = {1, 0};
+  CHECK(random_uniform<double>(lo_7ff, 0, 1) == 0.0);
+  CHECK(random_uniform<double>(lo_800, 0, 1) == 0x1p-53);
+  CHECK(random_uniform<double>(hi_1, 0, 1) == 0x1p-32);  // the first word holds the high bits
+  CHECK(random_uniform<double>(zero, -3, 5) == -3.0);
+
+  // Normals: the first uniform sets the radius, the second the angle. u1 = 1 gives
+  // radius 0, so exactly the mean; u1 = 2^-32 (2^-53) gives sqrt(-2 log u1), times
+  // cos(2 pi u2): +1 for u2 = 1, -1 for u2 = 1/2.
+  const uint32_t radius_0[2] = {~0u, 0x1234};
+  CHECK(random_normal<float>(radius_0, 3, 2) == 3.0f);
+  const uint32_t half_turn[2] = {0, 0x7FFFFFFF};
+  CHECK(random_normal<float>(half_turn, 0, 1) == doctest::Approx(-std::sqrt(64 * std::log(2.0))).epsilon(1e-6));
+  const uint32_t full_turn[4] = {0, 0, ~0u, ~0u};
+  CHECK(random_normal<double>(full_turn, 0, 1) == doctest::Approx(std::sqrt(106 * std::log(2.0))).epsilon(1e-12));
+
+  // Integers: 64 bits (first word high) modulo the range.
+  CHECK(random_integer<int64_t>(zero, -5, 17) == -5);
+  CHECK(random_integer<int64_t>(ones, -5, 17) == -5 + 15);  // (2^64 - 1) % 22 == 15
+  CHECK(random_integer<int64_t>(hi_1, 0, 10) == 6);         // 2^32 % 10
+  CHECK(random_integer<int32_t>(lo_800, 0, 10) == 8);       // 2048 % 10
+}
+
+TEST_CASE("CPU random fills are the shared transforms over the documented word layout") {
+  // Element i of a fill reads words [i*w, i*w + w) of the Philox stream, four words per
+  // block; the CUDA kernel computes the same functions of the same words.
+  const uint64_t seed = 0xC0FFEE;
+  auto block = [&](uint64_t k) { return philox4x32(seed, k); };
+  Generator g(seed);
+  auto u32 = rand({6}, DType::Float32, &g).to_vector<float>();  // w = 1
+  for (int i = 0; i < 6; ++i) CHECK(u32[i] == random_uniform<float>(block(i / 4).data() + i % 4, 0, 1));
+  g.manual_seed(seed);
+  auto u64 = rand({3}, DType::Float64, &g).to_vector<double>();  // w = 2
+  for (int i = 0; i < 3; ++i) CHECK(u64[i] == random_uniform<double>(block(i / 2).data() + 2 * (i % 2), 0, 1));
+  g.manual_seed(seed);
+  auto n64 = randn({2}, DType::Float64, &g).to_vector<double>();  // w = 4
+  for (int i = 0; i < 2; ++i) CHECK(n64[i] == random_normal<double>(block(i).data(), 0, 1));
+  g.manual_seed(seed);
+  auto ints = randint(-7, 1000, {3}, DType::Int64, &g).to_vector<int64_t>();  // w = 2
+  for (int i = 0; i < 3; ++i)
+    CHECK(ints[i] == random_integer<int64_t>(block(i / 2).data() + 2 * (i % 2), -7, 1000));
 }
 
 TEST_CASE("distributions") {

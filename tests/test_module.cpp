@@ -1,5 +1,7 @@
-// nn::Module: registration, traversal, train/eval, device moves, state dicts, clone.
+// nn::Module: registration, traversal, train/eval, device moves, state dicts, clone, replica.
 #include "test_util.h"
+
+#include <optional>
 
 #include "nn/module.h"
 
@@ -137,4 +139,183 @@ TEST_CASE("clone is deep, independent and equal") {
   auto moved = net.clone(Device("cpu:2"));
   CHECK(moved->device() == Device("cpu:2"));
   CHECK(net.device() == kCPU);
+}
+
+// --- replica ------------------------------------------------------------------------
+
+namespace {
+
+// Each tensor sent to `device` through the differentiable Tensor::to.
+std::vector<Tensor> sent_to(const std::vector<Tensor>& tensors, Device device) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : tensors) out.push_back(t.to(device));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("replica: parameters sent to cpu:1 by to(); backward reaches the original's grads, bitwise") {
+  Generator gen(30);
+  nn::MLP model(12, {8, 6}, 4, 0.0, &gen);
+  const Device d1("cpu:1");
+  Tensor x = test::random({5, 12}, DType::Float32, 31);
+  Tensor target = test::random({5, 4}, DType::Float32, 32);
+  auto loss_of = [&](nn::Module& m, const Tensor& input) {
+    Tensor diff = sub(m(input), target.to(input.device()));
+    return sum(mul(diff, diff));
+  };
+  Tensor expected_loss = loss_of(model, x);
+  expected_loss.backward();
+  std::vector<Tensor> expected;
+  for (const Tensor& p : model.parameters()) expected.push_back(p.grad().clone());
+  model.zero_grad();
+
+  std::vector<Tensor> params = sent_to(model.parameters(), d1);
+  std::shared_ptr<nn::Module> replica = model.replica(params, {});
+  CHECK(replica->type_name() == "MLP");
+  CHECK(replica->is_training());
+  CHECK(replica->repr() == model.repr());
+  std::vector<Tensor> held = replica->parameters();
+  REQUIRE(held.size() == params.size());
+  for (size_t i = 0; i < held.size(); ++i) {
+    CHECK(held[i].is_same(params[i]));  // stored as given: not detached, not a new leaf
+    CHECK_FALSE(held[i].is_leaf());
+    CHECK(held[i].device() == d1);
+  }
+  Tensor loss = loss_of(*replica, x.to(d1));
+  CHECK(loss.device() == d1);
+  CHECK_CLOSE(loss, expected_loss, 0, 0);
+  loss.backward();
+  std::vector<Tensor> original = model.parameters();
+  for (size_t i = 0; i < original.size(); ++i) {
+    CAPTURE(i);
+    CHECK(original[i].is_leaf());
+    REQUIRE(original[i].grad().defined());
+    CHECK(original[i].grad().device() == kCPU);
+    CHECK_CLOSE(original[i].grad(), expected[i], 0, 0);
+  }
+}
+
+TEST_CASE("replica: forward equals the original for every nn layer, in training and evaluation") {
+  Generator gen(33);
+  const Device d1("cpu:1");
+  std::vector<std::pair<std::shared_ptr<nn::Module>, Tensor>> cases;
+  cases.emplace_back(std::make_shared<nn::ResNet>(1, 5, std::vector<int64_t>{1, 1, 1}, &gen),
+                     test::random({2, 1, 8, 8}, DType::Float32, 34));
+  cases.emplace_back(std::make_shared<nn::ConvNet>(10, &gen), test::random({2, 1, 28, 28}, DType::Float32, 35));
+  cases.emplace_back(
+      std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+          std::make_shared<nn::Conv2d>(2, 3, 3, 1, 1, 1, 1, true, TensorOptions(), &gen),
+          std::make_shared<nn::BatchNorm2d>(3, 1e-5, std::nullopt), std::make_shared<nn::GELU>(),
+          std::make_shared<nn::AvgPool2d>(2), std::make_shared<nn::MaxPool2d>(2), std::make_shared<nn::Dropout>(0.0),
+          std::make_shared<nn::AdaptiveAvgPool2d>(1), std::make_shared<nn::Flatten>(),
+          std::make_shared<nn::Linear>(3, 2, true, TensorOptions(), &gen)}),
+      test::random({3, 2, 8, 8}, DType::Float32, 36));
+  for (auto& [model, x] : cases) {
+    CAPTURE(model->type_name());
+    for (bool training : {false, true}) {
+      CAPTURE(training);
+      model->train(training);
+      // The reference runs on a deep copy, so that its running stats move as the
+      // replica's copies should, and the original's stay put.
+      std::shared_ptr<nn::Module> reference = model->clone();
+      const nn::NamedTensors before = model->state_dict();
+      std::shared_ptr<nn::Module> replica =
+          model->replica(sent_to(model->parameters(), d1), sent_to(model->buffers(), d1));
+      CHECK(replica->is_training() == training);
+      Tensor out = (*replica)(x.to(d1));
+      CHECK(out.device() == d1);
+      CHECK_CLOSE(out, (*reference)(x), 0, 0);
+      const nn::NamedTensors updated = reference->named_buffers(), copies = replica->named_buffers();
+      for (size_t i = 0; i < updated.size(); ++i) CHECK_CLOSE(copies[i].second, updated[i].second, 0, 0);
+      for (size_t i = 0; i < before.size(); ++i) CHECK_CLOSE(model->state_dict()[i].second, before[i].second, 0, 0);
+    }
+  }
+}
+
+TEST_CASE("replica: gradcheck through a two-device replica, in float64") {
+  Generator gen(37);
+  nn::Sequential model(std::make_shared<nn::Conv2d>(1, 2, 3, 1, 1, 1, 1, true, DType::Float64, &gen),
+                       std::make_shared<nn::BatchNorm2d>(2, 1e-5, 0.1, true, true, DType::Float64),
+                       std::make_shared<nn::GELU>(), std::make_shared<nn::MaxPool2d>(2),
+                       std::make_shared<nn::Flatten>(),
+                       std::make_shared<nn::Linear>(2 * 2 * 2, 3, true, DType::Float64, &gen));
+  const Device d1("cpu:1");
+  std::vector<Tensor> inputs{test::leaf({2, 1, 4, 4}, 38)};
+  for (const Tensor& p : model.parameters()) inputs.push_back(p);
+  // f(x, parameters of the original) = the output of a replica built on cpu:1 from them.
+  auto fn = [&](const std::vector<Tensor>& in) {
+    std::vector<Tensor> params = sent_to(std::vector<Tensor>(in.begin() + 1, in.end()), d1);
+    std::shared_ptr<nn::Module> replica = model.replica(params, sent_to(model.buffers(), d1));
+    return (*replica)(in[0].to(d1));
+  };
+  CHECK(fn(inputs).device() == d1);
+  CHECK_GRADCHECK(fn, inputs);
+  model.eval();
+  CHECK_GRADCHECK(fn, inputs);
+}
+
+TEST_CASE("replica: wrong counts, shapes and dtypes name the parameter or buffer") {
+  Net net;
+  std::vector<Tensor> params = net.parameters(), buffers = net.buffers();
+  CHECK_NOTHROW(net.replica(params, buffers));
+  std::vector<Tensor> fewer(params.begin(), params.end() - 1);
+  CHECK_THROWS_WITH_AS(net.replica(fewer, buffers),
+                       Contains("Net.replica: got 4 parameters but the module has 5 (one per entry of "
+                                "named_parameters(), in that order); the first one missing is 'second.bias'"),
+                       Error);
+  std::vector<Tensor> more = params;
+  more.push_back(zeros({1}));
+  CHECK_THROWS_WITH_AS(net.replica(more, buffers),
+                       Contains("got 6 parameters but the module has 5 (one per entry of named_parameters(), in "
+                                "that order); the extra ones start at index 5"),
+                       Error);
+  CHECK_THROWS_WITH_AS(net.replica(params, {}),
+                       Contains("Net.replica: got 0 buffers but the module has 2 (one per entry of named_buffers(), "
+                                "in that order); the first one missing is 'first.calls'"),
+                       Error);
+  std::vector<Tensor> reshaped = params;
+  reshaped[3] = zeros({3, 2});
+  CHECK_THROWS_WITH_AS(net.replica(reshaped, buffers),
+                       Contains("Net.replica: parameter 3 ('second.weight') is float32 [3, 2] but the module's is "
+                                "float32 [2, 3]"),
+                       Error);
+  std::vector<Tensor> converted = params;
+  converted[1] = params[1].to(DType::Float64);
+  CHECK_THROWS_WITH_AS(net.replica(converted, buffers),
+                       Contains("Net.replica: parameter 1 ('first.weight') is float64 [3, 4] but the module's is "
+                                "float32 [3, 4]"),
+                       Error);
+  std::vector<Tensor> float_buffers = {zeros({}), buffers[1]};
+  CHECK_THROWS_WITH_AS(net.replica(params, float_buffers),
+                       Contains("Net.replica: buffer 0 ('first.calls') is float32 [] but the module's is int64 []"),
+                       Error);
+  std::vector<Tensor> undefined = params;
+  undefined[0] = Tensor();
+  CHECK_THROWS_WITH_AS(net.replica(undefined, buffers),
+                       Contains("Net.replica: parameter 0 ('scale') is an undefined tensor"), Error);
+}
+
+TEST_CASE("replica: a BatchNorm2d replica sharing the original's buffers updates its running stats") {
+  for (std::optional<double> momentum : {std::optional<double>(0.1), std::optional<double>()}) {
+    CAPTURE(momentum.has_value());
+    nn::BatchNorm2d bn(3, 1e-5, momentum);
+    {
+      NoGradGuard no_grad;
+      bn.param("weight").copy_(test::random({3}, DType::Float32, 40));
+    }
+    std::shared_ptr<nn::Module> reference = bn.clone();
+    // Replica 0 of DataParallel: the parameters as they are (on their own device) and
+    // the original's buffer tensors themselves.
+    std::shared_ptr<nn::Module> replica = bn.replica(bn.parameters(), bn.buffers());
+    for (const auto& [name, b] : replica->named_buffers()) CHECK(b.is_same(bn.buffer(name)));
+    for (int step = 0; step < 2; ++step) {
+      Tensor x = test::random({4, 3, 5, 5}, DType::Float32, 41 + step, -1, 3);
+      CHECK_CLOSE((*replica)(x), (*reference)(x), 0, 0);
+    }
+    CHECK(bn.buffer("num_batches_tracked").item() == 2);
+    CHECK(sum(abs(bn.buffer("running_mean"))).item() > 0);
+    for (const char* name : {"running_mean", "running_var", "num_batches_tracked"})
+      CHECK_CLOSE(bn.buffer(name), reference->buffer(name), 0, 0);
+  }
 }

@@ -132,17 +132,88 @@ TEST_CASE("resuming from the epoch-1 checkpoint ends with the same weights") {
 
 TEST_CASE("TrainLoop errors") {
   std::ostringstream log;
-  CHECK(train::parse_gpu_mode("single") == train::GpuMode::Single);
-  CHECK_THROWS_WITH_AS(train::parse_gpu_mode("ddp"), Contains("'ddp' is not implemented yet"), Error);
-  CHECK_THROWS_WITH_AS(train::parse_gpu_mode("tpu"), Contains("unknown gpu mode 'tpu'"), Error);
+  CHECK(train::parse_parallel_mode("single") == train::ParallelMode::Single);
+  CHECK_THROWS_WITH_AS(train::parse_parallel_mode("ddp"), Contains("'ddp' is not implemented yet"), Error);
+  CHECK_THROWS_WITH_AS(train::parse_parallel_mode("tpu"), Contains("unknown parallel mode 'tpu'"), Error);
   Run r = make_run(1, false, "", log);
   std::string bogus = scratch("bogus.safetensors");
   save_safetensors(bogus, {{"w", zeros({2})}});
   CHECK_THROWS_WITH_AS(r.loop->resume(bogus), Contains("is not a weft checkpoint"), Error);
   std::filesystem::remove(bogus);
-  r.model->to(Device("cpu:1"));
-  auto loader = std::make_shared<data::DataLoader>(blobs(8, 1));
-  CHECK_THROWS_WITH_AS(train::TrainLoop(r.model, loader, nullptr, nullptr, r.optimizer,
-                                        [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); }),
-                       Contains("the model is on cpu:1 but the loop runs on cpu:0"), Error);
+}
+
+TEST_CASE("the loop trains where the model is, or where SingleDevice moves it") {
+  std::ostringstream log;
+  {
+    Run r = make_run(1, false, "", log);
+    r.model->to(Device("cpu:1"));
+    reset_peak_memory_stats(Device("cpu:1"));
+    train::TrainLoop loop(r.model, std::make_shared<data::DataLoader>(blobs(64, 1), data::DataLoaderOptions{.batch_size = 16}),
+                          nullptr, nullptr, r.optimizer, [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); },
+                          {.log = &log});
+    CHECK(loop.strategy().input_device() == Device("cpu:1"));
+    loop.fit(1);
+    CHECK(r.model->device() == Device("cpu:1"));
+    CHECK(memory_stats(Device("cpu:1")).peak_bytes_in_use > 0);
+  }
+  {
+    Run r = make_run(1, false, "", log);
+    train::TrainLoopOptions options;
+    options.strategy = std::make_shared<train::SingleDevice>(Device("cpu:2"));
+    options.log = &log;
+    train::TrainLoop loop(r.model, std::make_shared<data::DataLoader>(blobs(64, 1), data::DataLoaderOptions{.batch_size = 16}),
+                          nullptr, nullptr, r.optimizer, [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); },
+                          options);
+    for (const Tensor& p : r.optimizer->params()) CHECK(p.device() == Device("cpu:2"));  // moved in place
+    CHECK(loop.fit(1).front().train_loss > 0);
+  }
+}
+
+// A strategy that counts the loop's calls and says this process is not the main one.
+struct CountingStrategy : train::Strategy {
+  train::SingleDevice single;
+  int prepared = 0, steps = 0, reductions = 0, sharded = 0;
+  train::ParallelMode mode() const override { return train::ParallelMode::Single; }
+  bool is_main_process() const override { return false; }
+  std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model) override {
+    ++prepared;
+    return single.prepare(model);
+  }
+  Device input_device() const override { return single.input_device(); }
+  void shard(data::DataLoader&) override { ++sharded; }
+  Tensor train_step(nn::Module& model, const data::Batch& batch, const train::Criterion& criterion,
+                    optim::Optimizer& optimizer) override {
+    ++steps;
+    return Strategy::train_step(model, batch, criterion, optimizer);
+  }
+  train::Totals reduce(const train::Totals& local) override {
+    ++reductions;
+    train::Totals doubled = local;  // as if a second process had seen the same
+    doubled.loss *= 2, doubled.correct *= 2, doubled.samples *= 2, doubled.batches *= 2;
+    return doubled;
+  }
+};
+
+TEST_CASE("the loop asks its strategy: prepare, shard, step, reduce; only the main process logs and saves") {
+  std::ostringstream log;
+  std::string checkpoint = scratch("not_main.safetensors");
+  Run r = make_run(1, false, "", log);
+  auto strategy = std::make_shared<CountingStrategy>();
+  train::TrainLoopOptions options;
+  options.strategy = strategy;
+  options.log = &log;
+  options.checkpoint_path = checkpoint;
+  auto train_loader = std::make_shared<data::DataLoader>(blobs(64, 1), data::DataLoaderOptions{.batch_size = 16});
+  auto test_loader = std::make_shared<data::DataLoader>(blobs(32, 2), data::DataLoaderOptions{.batch_size = 16});
+  train::TrainLoop loop(r.model, train_loader, nullptr, test_loader, r.optimizer,
+                        [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); }, options);
+  CHECK(strategy->prepared == 1);
+  CHECK(strategy->sharded == 2);
+  log.str("");
+  auto results = loop.fit(1);
+  CHECK(strategy->steps == 4);
+  CHECK(strategy->reductions == 2);  // the epoch's totals and the test evaluation's
+  CHECK(results.front().test->samples == 64);
+  CHECK(log.str().empty());
+  CHECK_FALSE(std::filesystem::exists(checkpoint));
 }

@@ -7,6 +7,8 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <optional>
+#include <tuple>
 
 #include "core/autograd.h"
 #include "core/generator.h"
@@ -18,63 +20,54 @@
 
 namespace weft::train {
 
-GpuMode parse_gpu_mode(const std::string& name) {
-  if (name == "single") return GpuMode::Single;
-  WEFT_CHECK(name != "dp" && name != "ddp" && name != "pipeline", "gpu mode '", name,
-             "' is not implemented yet (the parallel layer adds it); use single");
-  WEFT_FAIL("unknown gpu mode '", name, "' (expected single, dp, ddp or pipeline)");
-}
-
-const char* gpu_mode_name(GpuMode mode) {
-  switch (mode) {
-    case GpuMode::Single: return "single";
-  }
-  return "unknown";
-}
-
 TrainLoop::TrainLoop(std::shared_ptr<nn::Module> model, std::shared_ptr<data::DataLoader> train_loader,
                      std::shared_ptr<data::DataLoader> val_loader, std::shared_ptr<data::DataLoader> test_loader,
                      std::shared_ptr<optim::Optimizer> optimizer, Criterion criterion, TrainLoopOptions options)
-    : model_(std::move(model)), train_loader_(std::move(train_loader)), val_loader_(std::move(val_loader)),
-      test_loader_(std::move(test_loader)), optimizer_(std::move(optimizer)), criterion_(std::move(criterion)),
-      options_(std::move(options)) {
+    : model_(std::move(model)), strategy_(options.strategy), train_loader_(std::move(train_loader)),
+      val_loader_(std::move(val_loader)), test_loader_(std::move(test_loader)), optimizer_(std::move(optimizer)),
+      criterion_(std::move(criterion)), options_(std::move(options)) {
   WEFT_CHECK(model_ && train_loader_ && optimizer_ && criterion_, "TrainLoop: the model, the train loader, the "
              "optimizer and the criterion are required");
-  WEFT_CHECK(model_->device() == options_.device, "TrainLoop: the model is on ", model_->device(),
-             " but the loop runs on ", options_.device, " (move the model first: model->to(device))");
+  if (!strategy_) strategy_ = std::make_shared<SingleDevice>();
+  runner_ = strategy_->prepare(model_);
+  for (auto* loader : {train_loader_.get(), val_loader_.get(), test_loader_.get()})
+    if (loader) strategy_->shard(*loader);
 }
 
 namespace {
-std::ostream& log_stream(const TrainLoopOptions& o) { return o.log ? *o.log : std::cout; }
+
+// Only the main process speaks; the others write into a stream that discards.
+std::ostream& log_stream(const TrainLoopOptions& o, const Strategy& strategy) {
+  static std::ostream discard(nullptr);
+  if (!strategy.is_main_process()) return discard;
+  return o.log ? *o.log : std::cout;
+}
+
 }  // namespace
 
 EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
-  std::ostream& log = log_stream(options_);
-  model_->train();
+  std::ostream& log = log_stream(options_, *strategy_);
+  runner_->train();
   train_loader_->set_epoch(epoch - 1);
   const int64_t steps = static_cast<int64_t>(train_loader_->size());
-  Progress progress(log, Progress::is_terminal(log), epoch, epochs, steps);
-  // The epoch's loss is summed on the model's device; a batch's loss is read back (a host
+  const Device device = strategy_->input_device();
+  Progress progress(log, strategy_->is_main_process() && Progress::is_terminal(log), epoch, epochs, steps);
+  // The epoch's loss is summed on the device; a batch's loss is read back (a host
   // synchronisation on a GPU, which would stall the queue of launches) only when a
   // callback or the progress display needs it.
-  Tensor loss_sum = zeros({}, TensorOptions(DType::Float64, options_.device));
+  Tensor loss_sum = zeros({}, TensorOptions(DType::Float64, device));
   int64_t step = 0, images = 0;
   auto start = std::chrono::steady_clock::now();
   // Batches reach the device one ahead: on a GPU the next upload overlaps this step.
-  for (const data::Batch& batch : data::DevicePrefetcher(*train_loader_, options_.device)) {
+  for (const data::Batch& batch : data::DevicePrefetcher(*train_loader_, device)) {
     for (auto& cb : callbacks_) cb->on_batch_begin(*this, step);
-    const Tensor& x = batch.data;
-    const Tensor& y = batch.target;
-    optimizer_->zero_grad();
-    Tensor loss = criterion_(model_->forward(x), y);
-    loss.backward();
-    optimizer_->step();
+    Tensor loss = strategy_->train_step(*runner_, batch, criterion_, *optimizer_);
     for (auto& cb : callbacks_) cb->on_after_optimizer_step(*this, step);
     {
       NoGradGuard no_grad;
       loss_sum = add(loss_sum, loss.detach().to(DType::Float64));
     }
-    images += x.size(0);
+    images += batch.data.size(0);
     ++step;
     const bool show = options_.progress && progress.due(step);
     if (show || !callbacks_.empty()) {
@@ -84,16 +77,20 @@ EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
     }
   }
   progress.finish();
+  // Reading the sum waits for the device: the epoch's time is honest.
+  Totals totals = strategy_->reduce({.loss = step > 0 ? loss_sum.item() : 0.0,
+                                     .samples = static_cast<double>(images),
+                                     .batches = static_cast<double>(step)});
   EpochResult result;
   result.epoch = epoch;
-  result.train_loss = step > 0 ? loss_sum.item() / step : 0;  // waits for the device: the epoch's time is honest
+  result.train_loss = totals.batches > 0 ? totals.loss / totals.batches : 0;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.images_per_second = result.seconds > 0 ? images / result.seconds : 0;
+  result.images_per_second = result.seconds > 0 ? totals.samples / result.seconds : 0;
   return result;
 }
 
 std::vector<EpochResult> TrainLoop::fit(int epochs) {
-  std::ostream& log = log_stream(options_);
+  std::ostream& log = log_stream(options_, *strategy_);
   std::vector<EpochResult> results;
   while (epoch_ < epochs) {
     int epoch = epoch_ + 1;
@@ -107,7 +104,7 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
     if (result.val) log << ", val loss " << result.val->loss << ", val accuracy " << result.val->accuracy;
     if (result.test) log << ", test accuracy " << result.test->accuracy;
     log << ", " << std::setprecision(0) << result.images_per_second << " images/s" << std::endl;
-    if (!options_.checkpoint_path.empty()) save_checkpoint(options_.checkpoint_path);
+    if (!options_.checkpoint_path.empty() && strategy_->is_main_process()) save_checkpoint(options_.checkpoint_path);
     for (auto& cb : callbacks_) cb->on_epoch_end(*this, result);
     results.push_back(result);
   }
@@ -116,23 +113,29 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
 
 Evaluation TrainLoop::evaluate(data::DataLoader& loader) {
   NoGradGuard no_grad;
-  bool was_training = model_->is_training();
-  model_->eval();
-  Evaluation e;
+  bool was_training = runner_->is_training();
+  runner_->eval();
+  const Device device = strategy_->input_device();
   // Summed on the device and read once at the end: no host synchronisation per batch.
-  Tensor loss_sum = zeros({}, TensorOptions(DType::Float64, options_.device));
-  Tensor correct = zeros({}, TensorOptions(DType::Int64, options_.device));
-  for (const data::Batch& batch : data::DevicePrefetcher(loader, options_.device)) {
-    Tensor out = model_->forward(batch.data);
+  Tensor loss_sum = zeros({}, TensorOptions(DType::Float64, device));
+  Tensor correct = zeros({}, TensorOptions(DType::Int64, device));
+  int64_t samples = 0;
+  for (const data::Batch& batch : data::DevicePrefetcher(loader, device)) {
+    Tensor out = runner_->forward(batch.data);
     const int64_t n = batch.data.size(0);
     loss_sum = add(loss_sum, mul(criterion_(out, batch.target).to(DType::Float64), static_cast<double>(n)));
     correct = add(correct, sum(eq(argmax(out, 1), batch.target).to(DType::Int64)));
-    e.samples += n;
+    samples += n;
   }
-  model_->train(was_training);
-  if (e.samples > 0) {
-    e.loss = loss_sum.item() / static_cast<double>(e.samples);
-    e.accuracy = static_cast<double>(correct.item()) / static_cast<double>(e.samples);
+  runner_->train(was_training);
+  Totals totals = strategy_->reduce({.loss = samples > 0 ? loss_sum.item() : 0.0,
+                                     .correct = samples > 0 ? correct.item() : 0.0,
+                                     .samples = static_cast<double>(samples)});
+  Evaluation e;
+  e.samples = static_cast<int64_t>(totals.samples);
+  if (totals.samples > 0) {
+    e.loss = totals.loss / totals.samples;
+    e.accuracy = totals.correct / totals.samples;
   }
   return e;
 }
@@ -140,12 +143,15 @@ Evaluation TrainLoop::evaluate(data::DataLoader& loader) {
 // --- checkpoints ----------------------------------------------------------------------
 //
 // One safetensors file: "model.<name>" and "optimizer.<name>" tensors; metadata holds
-// the epoch, the optimizer's scalars and the default generator's (seed, offset). Doubles
-// are written with 17 significant digits, which reads back to the same double.
+// the epoch, the optimizer's scalars and every default generator's state as
+// "rng.<device>.seed" and "rng.<device>.offset". Doubles are written with 17 significant
+// digits, which reads back to the same double. Format 1 (one generator: "rng.seed",
+// "rng.offset", for cpu:0) is still read.
 
 namespace {
 
-constexpr const char* kFormat = "weft-checkpoint-1";
+constexpr const char* kFormat = "weft-checkpoint-2";
+constexpr const char* kFormat1 = "weft-checkpoint-1";
 
 std::string exact(double v) {
   char buffer[40];
@@ -178,6 +184,30 @@ uint64_t parse_u64(const std::map<std::string, std::string>& meta, const std::st
   return v;
 }
 
+
+using GeneratorState = std::tuple<Device, uint64_t, uint64_t>;  // device, seed, offset
+
+std::vector<GeneratorState> read_generator_states(const std::map<std::string, std::string>& meta,
+                                                  const std::string& format, const std::string& path) {
+  if (format == kFormat1) return {{kCPU, parse_u64(meta, "rng.seed", path), parse_u64(meta, "rng.offset", path)}};
+  std::vector<GeneratorState> out;
+  const std::string prefix = "rng.", suffix = ".seed";
+  for (const auto& [key, value] : meta) {
+    if (key.size() <= prefix.size() + suffix.size() || key.rfind(prefix, 0) != 0 ||
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string name = key.substr(prefix.size(), key.size() - prefix.size() - suffix.size());
+    std::optional<Device> device;
+    try {
+      device = Device(name);
+    } catch (const Error&) {
+      WEFT_FAIL("resume: checkpoint '", path, "': metadata '", key, "' names no device ('", name, "')");
+    }
+    out.emplace_back(*device, parse_u64(meta, key, path), parse_u64(meta, prefix + name + ".offset", path));
+  }
+  return out;
+}
+
 }  // namespace
 
 void TrainLoop::save_checkpoint(const std::string& path) const {
@@ -185,10 +215,11 @@ void TrainLoop::save_checkpoint(const std::string& path) const {
   for (auto& [name, t] : model_->state_dict()) tensors.emplace_back("model." + name, t);
   optim::OptimizerState state = optimizer_->state_dict();
   for (auto& [name, t] : state.tensors) tensors.emplace_back("optimizer." + name, t);
-  std::map<std::string, std::string> meta{{"format", kFormat},
-                                          {"epoch", std::to_string(epoch_)},
-                                          {"rng.seed", std::to_string(default_generator().seed())},
-                                          {"rng.offset", std::to_string(default_generator().offset())}};
+  std::map<std::string, std::string> meta{{"format", kFormat}, {"epoch", std::to_string(epoch_)}};
+  for (auto& [device, gen] : default_generators()) {
+    meta["rng." + device.str() + ".seed"] = std::to_string(gen->seed());
+    meta["rng." + device.str() + ".offset"] = std::to_string(gen->offset());
+  }
   for (auto& [name, v] : state.scalars) meta["optimizer." + name] = exact(v);
   save_safetensors(path, tensors, meta);
 }
@@ -196,22 +227,27 @@ void TrainLoop::save_checkpoint(const std::string& path) const {
 void TrainLoop::resume(const std::string& path) {
   SafetensorsFile file = load_safetensors(path);
   auto format = file.metadata.find("format");
-  WEFT_CHECK(format != file.metadata.end() && format->second == kFormat, "resume: '", path,
-             "' is not a weft checkpoint (metadata 'format' should be '", kFormat, "')");
+  WEFT_CHECK(format != file.metadata.end() && (format->second == kFormat || format->second == kFormat1), "resume: '",
+             path, "' is not a weft checkpoint (metadata 'format' should be '", kFormat, "')");
   nn::NamedTensors model_state;
   optim::OptimizerState optimizer_state;
   for (auto& [name, t] : file.tensors) {
     if (name.rfind("model.", 0) == 0) model_state.emplace_back(name.substr(6), t);
-    else if (name.rfind("optimizer.", 0) == 0) optimizer_state.tensors.emplace_back(name.substr(10), t.to(options_.device));
+    else if (name.rfind("optimizer.", 0) == 0) optimizer_state.tensors.emplace_back(name.substr(10), t);
     else WEFT_FAIL("resume: '", path, "' holds an unexpected tensor '", name, "'");
   }
   for (auto& [key, value] : file.metadata)
     if (key.rfind("optimizer.", 0) == 0) optimizer_state.scalars[key.substr(10)] = parse_double(file.metadata, key, path);
+  // Everything is read and checked before anything is changed.
+  auto generators = read_generator_states(file.metadata, format->second, path);
+  const int epoch = static_cast<int>(parse_u64(file.metadata, "epoch", path));
   model_->load_state_dict(model_state);
   optimizer_->load_state_dict(optimizer_state);
-  epoch_ = static_cast<int>(parse_u64(file.metadata, "epoch", path));
-  default_generator().manual_seed(parse_u64(file.metadata, "rng.seed", path));
-  default_generator().set_offset(parse_u64(file.metadata, "rng.offset", path));
+  epoch_ = epoch;
+  for (auto& [device, seed, offset] : generators) {
+    default_generator(device).manual_seed(seed);
+    default_generator(device).set_offset(offset);
+  }
 }
 
 }  // namespace weft::train

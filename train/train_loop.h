@@ -1,14 +1,14 @@
 // TrainLoop: fit / evaluate / checkpoint / resume for a model, after seed 000's TrainLoop.
 //
-//   TrainLoop loop(model, train_loader, val_loader, test_loader, optimizer, criterion,
-//                  {.device = Device("cpu")});
+//   TrainLoop loop(model, train_loader, val_loader, test_loader, optimizer, criterion);
 //   loop.fit(3);
 //
-// gpu_mode chooses how the model is run: single (one device) now; the parallel layer adds
-// dp, ddp and pipeline. An epoch sets the loaders' epoch (so shuffling is a function of
-// (seed, epoch)), trains over the train loader, then evaluates val and test. A
-// checkpoint holds the model, the optimizer, the epoch and the default generator's
-// state, so a resumed run ends with the same weights as an uninterrupted one.
+// The model trains on the device it is on. options.strategy says otherwise (train/strategy.h:
+// the loop calls the strategy at fixed points and never branches on the parallel mode).
+// An epoch sets the loaders' epoch (so shuffling is a function of (seed, epoch)), trains
+// over the train loader, then evaluates val and test. A checkpoint holds the model, the
+// optimizer, the epoch and every default generator's state, so a resumed run ends with
+// the same weights as an uninterrupted one.
 #pragma once
 
 #include <functional>
@@ -22,15 +22,9 @@
 #include "data/dataloader.h"
 #include "nn/module.h"
 #include "nn/optim/optimizer.h"
+#include "train/strategy.h"
 
 namespace weft::train {
-
-enum class GpuMode { Single };
-GpuMode parse_gpu_mode(const std::string& name);  // "single"; dp, ddp, pipeline: not yet
-const char* gpu_mode_name(GpuMode mode);
-
-// loss = criterion(model output, target), reduced to a scalar mean over the batch.
-using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
 struct Evaluation {
   double loss = 0;      // mean over samples
@@ -60,9 +54,8 @@ class Callback {
 };
 
 struct TrainLoopOptions {
-  GpuMode gpu_mode = GpuMode::Single;
-  Device device = kCPU;
-  std::string checkpoint_path;  // written after every epoch when not empty
+  std::shared_ptr<Strategy> strategy;  // null: SingleDevice, on the model's device
+  std::string checkpoint_path;  // written after every epoch when not empty (by the main process)
   bool progress = true;         // per-step progress: a bar on a terminal, plain lines otherwise
   std::ostream* log = nullptr;  // where progress and epoch lines go (default std::cout)
 };
@@ -83,7 +76,8 @@ class TrainLoop {
   void resume(const std::string& path);
 
   int epoch() const { return epoch_; }  // epochs completed
-  nn::Module& model() { return *model_; }
+  nn::Module& model() { return *model_; }  // as given (unwrapped): what checkpoints hold
+  Strategy& strategy() { return *strategy_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   const TrainLoopOptions& options() const { return options_; }
 
@@ -91,6 +85,8 @@ class TrainLoop {
   EpochResult train_epoch(int epoch, int epochs);
 
   std::shared_ptr<nn::Module> model_;
+  std::shared_ptr<Strategy> strategy_;
+  std::shared_ptr<nn::Module> runner_;  // what the strategy made of model_: forward goes through it
   std::shared_ptr<data::DataLoader> train_loader_, val_loader_, test_loader_;
   std::shared_ptr<optim::Optimizer> optimizer_;
   Criterion criterion_;

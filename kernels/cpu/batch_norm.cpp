@@ -5,14 +5,16 @@
 // count. Sums accumulate in float64 whatever the element type. The statistics use one
 // pass with a shift (the channel's first value): sums of (x - shift) and (x - shift)^2
 // keep the variance accurate when the mean is large next to the spread, which the
-// plain sum-of-squares formula does not.
+// plain sum-of-squares formula does not. What follows the sums is
+// kernels/batch_norm_math.h, shared with the CUDA kernels.
 #include <algorithm>
-#include <cmath>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kernels/batch_norm_kernels.h"
+#include "kernels/batch_norm_math.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/parallel.h"
 
 namespace weft {
@@ -100,15 +102,14 @@ void stats_typed(const Tensor& input, const Tensor& mean, const Tensor& var, con
           },
           s1, s2);
     }
-    const Acc m = shift + s1 / count;
-    const Acc v = std::max<Acc>(0, (s2 - s1 * s1 / count) / count);
-    channel_at<T>(mean, c) = static_cast<T>(m);
-    channel_at<T>(var, c) = static_cast<T>(v);
+    const BatchNormMoments moments = batch_norm_moments(shift, s1, s2, count);
+    channel_at<T>(mean, c) = static_cast<T>(moments.mean);
+    channel_at<T>(var, c) = static_cast<T>(moments.var);
     if (running_mean.defined()) {
       T& rm = channel_at<T>(running_mean, c);
       T& rv = channel_at<T>(running_var, c);
-      rm = static_cast<T>((1 - momentum) * static_cast<Acc>(rm) + momentum * m);
-      rv = static_cast<T>((1 - momentum) * static_cast<Acc>(rv) + momentum * v * count / (count - 1));
+      rm = static_cast<T>(batch_norm_running_mean(static_cast<Acc>(rm), moments.mean, momentum));
+      rv = static_cast<T>(batch_norm_running_var(static_cast<Acc>(rv), moments.var, count, momentum));
     }
   });
 }
@@ -117,13 +118,12 @@ template <class T>
 void forward_typed(const Tensor& input, const Tensor& mean, const Tensor& var, double eps, const Tensor& weight,
                    const Tensor& bias, const Tensor& out) {
   const Layout l(input);
-  // y = (x - mean) * scale + bias per channel. Subtracting the mean first (rather than
-  // folding it into the bias) keeps float32 accurate when the mean dwarfs the spread.
+  // y = (x - mean) * scale + bias, with per-channel constants (kernels/batch_norm_math.h).
   std::vector<T> centre(l.channels), scale(l.channels), shift(l.channels);
   ChannelReader<T> m(mean, 0), v(var, 0), w(weight, 1), bi(bias, 0);
   for (int64_t c = 0; c < l.channels; ++c) {
     centre[c] = static_cast<T>(m[c]);
-    scale[c] = static_cast<T>(w[c] / std::sqrt(v[c] + eps));
+    scale[c] = static_cast<T>(batch_norm_scale(w[c], v[c], eps));
     shift[c] = static_cast<T>(bi[c]);
   }
   const T* x = input.data_ptr<T>();
@@ -136,7 +136,7 @@ void forward_typed(const Tensor& input, const Tensor& mean, const Tensor& var, d
       const T mu = centre[c], a = scale[c], b = shift[c];
       const T* xr = x + r * l.spatial;
       T* yr = y + r * l.spatial;
-      for (int64_t s = 0; s < l.spatial; ++s) yr[s] = (xr[s] - mu) * a + b;
+      for (int64_t s = 0; s < l.spatial; ++s) yr[s] = batch_norm_normalize(xr[s], mu, a, b);
     }
   });
 }
@@ -153,7 +153,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& m
   const bool need_sums = training || grad_weight.defined() || grad_bias.defined();
   const Acc count = static_cast<Acc>(l.per_channel());
   for_each_channel(l.channels, l.per_channel(), [&](int64_t c) {
-    const Acc mu = m[c], invstd = 1 / std::sqrt(v[c] + eps);
+    const Acc mu = m[c];
     Acc sum_g = 0, sum_gd = 0;  // sum g and sum g * (x - mean)
     if (need_sums) {
       for (int64_t b = 0; b < l.n; ++b) {
@@ -168,23 +168,20 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& m
             sum_g, sum_gd);
       }
     }
-    if (grad_bias.defined()) channel_at<T>(grad_bias, c) = static_cast<T>(sum_g);
-    if (grad_weight.defined()) channel_at<T>(grad_weight, c) = static_cast<T>(sum_gd * invstd);
-    if (gi == nullptr) return;
     // grad_input = a * g + bx * (x - mean) + k: the training terms fold into per-channel
     // constants.
-    const Acc a = w[c] * invstd;
-    Acc bx = 0, k = 0;
-    if (training && count > 0) {
-      bx = -a * invstd * invstd * sum_gd / count;
-      k = -a * sum_g / count;
-    }
+    const BatchNormBackwardCoefficients coeffs =
+        batch_norm_backward_coefficients(w[c], v[c], eps, sum_g, sum_gd, count, training);
+    if (grad_bias.defined()) channel_at<T>(grad_bias, c) = static_cast<T>(sum_g);
+    if (grad_weight.defined()) channel_at<T>(grad_weight, c) = static_cast<T>(coeffs.grad_weight);
+    if (gi == nullptr) return;
+    const BatchNormInputGrad grad_of = coeffs.input;
     for (int64_t b = 0; b < l.n; ++b) {
       const T* xr = x + l.row(b, c);
       const T* gr = g + l.row(b, c);
       T* out = gi + l.row(b, c);
       for (int64_t s = 0; s < l.spatial; ++s)
-        out[s] = static_cast<T>(a * static_cast<Acc>(gr[s]) + bx * (static_cast<Acc>(xr[s]) - mu) + k);
+        out[s] = static_cast<T>(grad_of(static_cast<Acc>(gr[s]), static_cast<Acc>(xr[s]) - mu));
     }
   });
 }
@@ -214,8 +211,10 @@ void backward_kernel(const Tensor& grad_out, const Tensor& input, const Tensor& 
 
 }  // namespace
 
-DispatchStub<BatchNormStatsFn> batch_norm_stats_stub{"batch_norm stats", &stats_kernel};
-DispatchStub<BatchNormForwardFn> batch_norm_forward_stub{"batch_norm", &forward_kernel};
-DispatchStub<BatchNormBackwardFn> batch_norm_backward_stub{"batch_norm backward", &backward_kernel};
+void cpu::register_batch_norm_kernels() {
+  batch_norm_stats_stub.set(DeviceType::CPU, &stats_kernel);
+  batch_norm_forward_stub.set(DeviceType::CPU, &forward_kernel);
+  batch_norm_backward_stub.set(DeviceType::CPU, &backward_kernel);
+}
 
 }  // namespace weft

@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "kernels/conv_kernels.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/direct_conv.h"
 #include "kernels/cpu/parallel.h"
 
@@ -402,7 +403,9 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& input, const Tensor& 
 
 }  // namespace
 
-DispatchStub<Conv2dForwardFn> conv2d_forward_stub{"conv2d", &conv2d_forward};
-DispatchStub<Conv2dBackwardFn> conv2d_backward_stub{"conv2d backward", &conv2d_backward};
+void cpu::register_conv_kernels() {
+  conv2d_forward_stub.set(DeviceType::CPU, &conv2d_forward);
+  conv2d_backward_stub.set(DeviceType::CPU, &conv2d_backward);
+}
 
 }  // namespace weft

@@ -1,7 +1,8 @@
-// CPU copy (with dtype conversion and broadcasting), fill and thread settings.
+// CPU copy (with dtype conversion and broadcasting) and fill.
 #include <cstring>
 
 #include "core/copy.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/loops.h"
 
 namespace weft {
@@ -49,34 +50,11 @@ void fill_kernel(const Tensor& dst, double value) {
   });
 }
 
-CrossDeviceCopyFn* cross_device_copy_fn = nullptr;
-
 }  // namespace
 
-DispatchStub<CopyFn> copy_stub{"copy_", &copy_kernel};
-DispatchStub<FillFn> fill_stub{"fill_", &fill_kernel};
-
-void register_cross_device_copy(CrossDeviceCopyFn* fn) { cross_device_copy_fn = fn; }
-
-void cross_device_copy(const Tensor& src, const Tensor& dst) {
-  WEFT_CHECK(cross_device_copy_fn != nullptr, "copy from ", src.device(), " to ", dst.device(),
-             ": weft was built without its CUDA backend");
-  cross_device_copy_fn(src, dst);
-}
-
-int num_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
-void set_num_threads(int threads) {
-  WEFT_CHECK(threads >= 1, "set_num_threads: expected at least 1 thread, got ", threads);
-#ifdef _OPENMP
-  omp_set_num_threads(threads);
-#endif
+void cpu::register_copy_kernels() {
+  copy_stub.set(DeviceType::CPU, &copy_kernel);
+  fill_stub.set(DeviceType::CPU, &fill_kernel);
 }
 
 }  // namespace weft

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/elementwise_kernels.h"
 
@@ -169,8 +170,10 @@ void where_kernel(const Tensor& cond, const Tensor& a, const Tensor& b, const Te
 
 }  // namespace
 
-DispatchStub<BinaryFn> binary_stub{"binary op", &binary_kernel};
-DispatchStub<UnaryFn> unary_stub{"unary op", &unary_kernel};
-DispatchStub<WhereFn> where_stub{"where", &where_kernel};
+void cpu::register_elementwise_kernels() {
+  binary_stub.set(DeviceType::CPU, &binary_kernel);
+  unary_stub.set(DeviceType::CPU, &unary_kernel);
+  where_stub.set(DeviceType::CPU, &where_kernel);
+}
 
 }  // namespace weft

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/index_ops_kernels.h"
 
@@ -168,10 +169,12 @@ void scatter_add_kernel(const Tensor& out, int64_t dim, const Tensor& index, con
 
 }  // namespace
 
-DispatchStub<IndexRangeFn> index_range_stub{"index range check", &index_range_kernel};
-DispatchStub<IndexSelectFn> index_select_stub{"index_select", &index_select_kernel};
-DispatchStub<IndexAddFn> index_add_stub{"index_add", &index_add_kernel};
-DispatchStub<GatherFn> gather_stub{"gather", &gather_kernel};
-DispatchStub<ScatterAddFn> scatter_add_stub{"scatter_add", &scatter_add_kernel};
+void cpu::register_index_kernels() {
+  index_range_stub.set(DeviceType::CPU, &index_range_kernel);
+  index_select_stub.set(DeviceType::CPU, &index_select_kernel);
+  index_add_stub.set(DeviceType::CPU, &index_add_kernel);
+  gather_stub.set(DeviceType::CPU, &gather_kernel);
+  scatter_add_stub.set(DeviceType::CPU, &scatter_add_kernel);
+}
 
 }  // namespace weft

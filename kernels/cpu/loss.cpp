@@ -11,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/softmax_rows.h"
 #include "kernels/loss_kernels.h"
@@ -310,12 +311,13 @@ void mse_loss_backward_kernel(const Tensor& grad, const Tensor& input, const Ten
 
 }  // namespace
 
-DispatchStub<NllLossFn> nll_loss_stub{"nll_loss", &nll_loss_kernel};
-DispatchStub<NllLossBackwardFn> nll_loss_backward_stub{"nll_loss_backward", &nll_loss_backward_kernel};
-DispatchStub<CrossEntropyFn> cross_entropy_stub{"cross_entropy", &cross_entropy_kernel};
-DispatchStub<CrossEntropyBackwardFn> cross_entropy_backward_stub{"cross_entropy_backward",
-                                                                 &cross_entropy_backward_kernel};
-DispatchStub<MseLossFn> mse_loss_stub{"mse_loss", &mse_loss_kernel};
-DispatchStub<MseLossBackwardFn> mse_loss_backward_stub{"mse_loss_backward", &mse_loss_backward_kernel};
+void cpu::register_loss_kernels() {
+  nll_loss_stub.set(DeviceType::CPU, &nll_loss_kernel);
+  nll_loss_backward_stub.set(DeviceType::CPU, &nll_loss_backward_kernel);
+  cross_entropy_stub.set(DeviceType::CPU, &cross_entropy_kernel);
+  cross_entropy_backward_stub.set(DeviceType::CPU, &cross_entropy_backward_kernel);
+  mse_loss_stub.set(DeviceType::CPU, &mse_loss_kernel);
+  mse_loss_backward_stub.set(DeviceType::CPU, &mse_loss_backward_kernel);
+}
 
 }  // namespace weft

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/linalg_kernels.h"
 
@@ -173,6 +174,8 @@ void matmul_kernel(const Tensor& a, const Tensor& b, const Tensor& out, bool acc
 
 }  // namespace
 
-DispatchStub<MatmulFn> matmul_stub{"matmul", &matmul_kernel};
+void cpu::register_matmul_kernels() {
+  matmul_stub.set(DeviceType::CPU, &matmul_kernel);
+}
 
 }  // namespace weft

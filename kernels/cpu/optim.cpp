@@ -4,13 +4,16 @@
 // parallel_for splits that space: a model of many small tensors still fills the
 // threads, and a big tensor is shared among them. Every element's update reads and
 // writes only that element, so results do not depend on the thread count; the norm
-// sums fixed-size blocks and adds the block sums in order, for the same reason.
+// sums fixed-size blocks and adds the block sums in order, for the same reason. What one
+// element's step computes is kernels/optim_updates.h, shared with the CUDA kernels.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/optim_kernels.h"
+#include "kernels/optim_updates.h"
 
 namespace weft {
 
@@ -56,33 +59,19 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.raw_data());
 }
 
-// PyTorch's lerp: exact at both ends of the weight range.
-template <class T>
-T lerp(T start, T end, T weight) {
-  return std::abs(weight) < T(0.5) ? start + weight * (end - start) : end - (end - start) * (T(1) - weight);
-}
-
 template <class T>
 void sgd_typed(const TensorList& params, const TensorList& grads, const TensorList& bufs,
                const std::vector<uint8_t>& new_buffer, const SgdHyper& h) {
   const FlatIndex flat(params);
-  const T neg_lr = T(-h.lr), momentum = T(h.momentum), keep = T(1 - h.dampening), wd = T(h.weight_decay);
-  const bool use_momentum = h.momentum != 0, use_wd = h.weight_decay != 0;
+  const SgdRule<T> rule = SgdRule<T>::from(h);
   cpu::parallel_for(0, flat.total(), kUpdateGrain, [&](int64_t begin, int64_t end) {
     flat.for_each_piece(begin, end, [&](size_t t, int64_t lo, int64_t hi) {
+      const SgdRule<T> r = rule;  // a local copy: no store to the tensors can change it
       T* p = ptr<T>(params[t]);
       const T* g = ptr<T>(grads[t]);
-      T* b = use_momentum ? ptr<T>(bufs[t]) : nullptr;
-      const bool fresh = use_momentum && new_buffer[t];
-      for (int64_t i = lo; i < hi; ++i) {
-        T d = h.maximize ? T(-g[i]) : g[i];
-        if (use_wd) d = d + wd * p[i];
-        if (use_momentum) {
-          b[i] = fresh ? d : T(b[i] * momentum + keep * d);
-          d = h.nesterov ? T(d + momentum * b[i]) : b[i];
-        }
-        p[i] = p[i] + neg_lr * d;
-      }
+      T* b = r.use_momentum ? ptr<T>(bufs[t]) : nullptr;
+      const bool fresh = r.use_momentum && new_buffer[t];
+      for (int64_t i = lo; i < hi; ++i) r.step(p, g, b, fresh, i);
     });
   });
 }
@@ -101,46 +90,24 @@ void adam_typed(const TensorList& params, const TensorList& grads, const TensorL
                 const TensorList& exp_avg_sqs, const TensorList& max_exp_avg_sqs, const std::vector<int64_t>& steps,
                 const AdamHyper& h) {
   const FlatIndex flat(params);
-  // Bias corrections per tensor, in double as PyTorch computes them (Python floats),
-  // then rounded to T as its scalar arguments are.
+  // Bias corrections per tensor, rounded to T as PyTorch's scalar arguments are.
   std::vector<T> neg_step_size(params.size()), bias_correction2_sqrt(params.size());
   for (size_t t = 0; t < params.size(); ++t) {
-    double step = static_cast<double>(steps[t]);
-    neg_step_size[t] = T(-(h.lr / (1 - std::pow(h.beta1, step))));
-    bias_correction2_sqrt[t] = T(std::sqrt(1 - std::pow(h.beta2, step)));
+    const AdamStepScalars s = AdamStepScalars::at(h, steps[t]);
+    neg_step_size[t] = T(s.neg_step_size);
+    bias_correction2_sqrt[t] = T(s.bias_correction2_sqrt);
   }
-  const T weight1 = T(1 - h.beta1), beta2 = T(h.beta2), weight2 = T(1 - h.beta2), eps = T(h.eps);
-  const T wd = T(h.weight_decay), decay = T(1 - h.lr * h.weight_decay);
-  const bool use_wd = h.weight_decay != 0, decoupled = h.decoupled_weight_decay;
+  const AdamRule<T> rule = AdamRule<T>::from(h);
   cpu::parallel_for(0, flat.total(), kUpdateGrain, [&](int64_t begin, int64_t end) {
     flat.for_each_piece(begin, end, [&](size_t t, int64_t lo, int64_t hi) {
+      const AdamRule<T> r = rule;  // a local copy: no store to the tensors can change it
       T* p = ptr<T>(params[t]);
       const T* g = ptr<T>(grads[t]);
       T* m = ptr<T>(exp_avgs[t]);
       T* v = ptr<T>(exp_avg_sqs[t]);
-      T* v_max = h.amsgrad ? ptr<T>(max_exp_avg_sqs[t]) : nullptr;
+      T* v_max = r.amsgrad ? ptr<T>(max_exp_avg_sqs[t]) : nullptr;
       const T step_term = neg_step_size[t], bc2_sqrt = bias_correction2_sqrt[t];
-      for (int64_t i = lo; i < hi; ++i) {
-        T d = h.maximize ? T(-g[i]) : g[i];
-        T x = p[i];
-        if (use_wd) {
-          if (decoupled)
-            x = x * decay;
-          else
-            d = d + wd * x;
-        }
-        m[i] = lerp(m[i], d, weight1);
-        v[i] = v[i] * beta2 + weight2 * d * d;
-        T v_hat = v[i];
-        if (v_max) {
-          // torch.maximum: NaN propagates from either side.
-          T a = v_max[i];
-          v_hat = (a != a || a > v_hat) ? a : v_hat;
-          v_max[i] = v_hat;
-        }
-        T denom = std::sqrt(v_hat) / bc2_sqrt + eps;
-        p[i] = x + step_term * (m[i] / denom);
-      }
+      for (int64_t i = lo; i < hi; ++i) r.step(p, g, m, v, v_max, i, step_term, bc2_sqrt);
     });
   });
 }
@@ -218,9 +185,11 @@ void multi_tensor_scale_kernel(const TensorList& tensors, double factor) {
 
 }  // namespace
 
-DispatchStub<SgdStepFn> sgd_step_stub{"SGD.step", &sgd_step_kernel};
-DispatchStub<AdamStepFn> adam_step_stub{"Adam.step", &adam_step_kernel};
-DispatchStub<NormPowerSumFn> norm_power_sum_stub{"clip_grad_norm_", &norm_power_sum_kernel};
-DispatchStub<ScaleFn> multi_tensor_scale_stub{"clip_grad_norm_ (scale)", &multi_tensor_scale_kernel};
+void cpu::register_optim_kernels() {
+  sgd_step_stub.set(DeviceType::CPU, &sgd_step_kernel);
+  adam_step_stub.set(DeviceType::CPU, &adam_step_kernel);
+  norm_power_sum_stub.set(DeviceType::CPU, &norm_power_sum_kernel);
+  multi_tensor_scale_stub.set(DeviceType::CPU, &multi_tensor_scale_kernel);
+}
 
 }  // namespace weft

@@ -1,7 +1,9 @@
 // parallel_for: split an index range across the host's threads when it pays.
 //
 // Work below `grain` elements runs on the calling thread: a parallel region costs a few
-// microseconds, more than a small op. Kernels never throw inside the body.
+// microseconds, more than a small op. Kernels never throw inside the body. The thread
+// count is the calling thread's (kernels/cpu/threads.h). An internal header: <omp.h>
+// stays out of the public API.
 #pragma once
 
 #include <algorithm>
@@ -11,13 +13,9 @@
 #include <omp.h>
 #endif
 
-namespace weft {
+#include "kernels/cpu/threads.h"
 
-// Threads the CPU kernels may use (default: the machine's cores, or OMP_NUM_THREADS).
-int num_threads();
-void set_num_threads(int threads);
-
-namespace cpu {
+namespace weft::cpu {
 
 constexpr int64_t kGrain = 32768;
 
@@ -43,5 +41,4 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& body) {
   body(begin, end);
 }
 
-}  // namespace cpu
-}  // namespace weft
+}  // namespace weft::cpu

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/pooling_kernels.h"
 
@@ -311,12 +312,13 @@ void adaptive_avg_pool2d_backward_kernel(const Tensor& grad_out, const Tensor& g
 
 }  // namespace
 
-DispatchStub<MaxPool2dFn> max_pool2d_stub{"max_pool2d", &max_pool2d_kernel};
-DispatchStub<MaxPool2dBackwardFn> max_pool2d_backward_stub{"max_pool2d backward", &max_pool2d_backward_kernel};
-DispatchStub<AvgPool2dFn> avg_pool2d_stub{"avg_pool2d", &avg_pool2d_kernel};
-DispatchStub<AvgPool2dBackwardFn> avg_pool2d_backward_stub{"avg_pool2d backward", &avg_pool2d_backward_kernel};
-DispatchStub<AdaptiveAvgPool2dFn> adaptive_avg_pool2d_stub{"adaptive_avg_pool2d", &adaptive_avg_pool2d_kernel};
-DispatchStub<AdaptiveAvgPool2dBackwardFn> adaptive_avg_pool2d_backward_stub{"adaptive_avg_pool2d backward",
-                                                                            &adaptive_avg_pool2d_backward_kernel};
+void cpu::register_pooling_kernels() {
+  max_pool2d_stub.set(DeviceType::CPU, &max_pool2d_kernel);
+  max_pool2d_backward_stub.set(DeviceType::CPU, &max_pool2d_backward_kernel);
+  avg_pool2d_stub.set(DeviceType::CPU, &avg_pool2d_kernel);
+  avg_pool2d_backward_stub.set(DeviceType::CPU, &avg_pool2d_backward_kernel);
+  adaptive_avg_pool2d_stub.set(DeviceType::CPU, &adaptive_avg_pool2d_kernel);
+  adaptive_avg_pool2d_backward_stub.set(DeviceType::CPU, &adaptive_avg_pool2d_backward_kernel);
+}
 
 }  // namespace weft

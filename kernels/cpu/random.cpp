@@ -1,40 +1,29 @@
-// CPU random fills from Philox blocks (see core/generator.h for the word layout).
-#include <cmath>
+// CPU random fills from Philox blocks (see kernels/random_kernels.h for the word layout).
 #include <numbers>
 
 #include "core/generator.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/random_kernels.h"
+#include "kernels/random_transforms.h"
 
 namespace weft {
 
+// random_normal spells 2 pi as a literal (its header stays C++17 for nvcc).
+static_assert(0x1.921fb54442d18p+2 == 2.0 * std::numbers::pi);
+
 namespace {
 
-// (0, 1] from 32 bits and from 64 bits; never 0, so log() is safe.
-inline double unit_open_low_32(uint32_t x) { return (static_cast<double>(x) + 1.0) * 0x1p-32; }
-inline double unit_open_low_64(uint32_t hi, uint32_t lo) {
-  return (static_cast<double>((uint64_t{hi} << 21) ^ (lo >> 11)) + 1.0) * 0x1p-53;
-}
-
-// One element's value from its `words` (1, 2 or 4 of them; see random_blocks_needed).
+// One element's value from its `words` (1, 2 or 4 of them; see random_blocks_needed),
+// by the transforms the CUDA kernel uses too.
 template <class T>
 T draw(const uint32_t* w, RandomKind kind, double a, double b) {
-  constexpr bool wide = std::is_same_v<T, double>;
-  if (kind == RandomKind::Integer) {
-    uint64_t bits = (uint64_t{w[0]} << 32) | w[1];
-    auto low = static_cast<int64_t>(a);
-    auto range = static_cast<uint64_t>(static_cast<int64_t>(b) - low);
-    return static_cast<T>(low + static_cast<int64_t>(bits % range));
+  switch (kind) {
+    case RandomKind::Uniform: return random_uniform<T>(w, a, b);
+    case RandomKind::Normal: return random_normal<T>(w, a, b);
+    case RandomKind::Integer: break;
   }
-  if (kind == RandomKind::Uniform) {
-    // [0, 1): 24 bits for float32, 53 for float64.
-    double unit = wide ? unit_open_low_64(w[0], w[1]) - 0x1p-53 : static_cast<double>(w[0] >> 8) * 0x1p-24;
-    return static_cast<T>(a + (b - a) * unit);
-  }
-  // Box-Muller, cosine branch: one normal per element keeps element i's value a function
-  // of i alone.
-  double u1 = wide ? unit_open_low_64(w[0], w[1]) : unit_open_low_32(w[0]);
-  double u2 = wide ? unit_open_low_64(w[2], w[3]) : unit_open_low_32(w[1]);
-  return static_cast<T>(a + b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+  return random_integer<T>(w, a, b);
 }
 
 template <class T>
@@ -63,6 +52,8 @@ void random_kernel(const Tensor& dst, RandomKind kind, double a, double b, uint6
 
 }  // namespace
 
-DispatchStub<RandomFn> random_stub{"random", &random_kernel};
+void cpu::register_random_kernels() {
+  random_stub.set(DeviceType::CPU, &random_kernel);
+}
 
 }  // namespace weft

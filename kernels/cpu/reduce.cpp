@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/reduce_kernels.h"
 
@@ -364,6 +365,8 @@ void reduce_kernel(ReduceOp op, const Tensor& in, int64_t outer, int64_t inner, 
 
 }  // namespace
 
-DispatchStub<ReduceFn> reduce_stub{"reduce", &reduce_kernel};
+void cpu::register_reduce_kernels() {
+  reduce_stub.set(DeviceType::CPU, &reduce_kernel);
+}
 
 }  // namespace weft

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/softmax_rows.h"
 #include "kernels/softmax_kernels.h"
@@ -161,7 +162,9 @@ void softmax_backward_kernel(const Tensor& grad, const Tensor& out, const Tensor
 
 }  // namespace
 
-DispatchStub<SoftmaxFn> softmax_stub{"softmax", &softmax_kernel};
-DispatchStub<SoftmaxBackwardFn> softmax_backward_stub{"softmax_backward", &softmax_backward_kernel};
+void cpu::register_softmax_kernels() {
+  softmax_stub.set(DeviceType::CPU, &softmax_kernel);
+  softmax_backward_stub.set(DeviceType::CPU, &softmax_backward_kernel);
+}
 
 }  // namespace weft

@@ -1,20 +1,22 @@
-// The CUDA backend's start: registers its allocators, copies and kernels with core.
+// The CUDA backend: its DeviceBackend (core/device_backend.h) and its kernels' registration.
 //
-// core/ knows nothing of CUDA (DESIGN.md). On first use of a CUDA device, or of
-// cuda_available(), core calls start_backend() once; it discovers the GPUs and, when
-// there are any, fills the CUDA entry of every DispatchStub through the register_*
-// functions below, one per kernel file. A static library would drop self-registering
-// objects that nothing references; this explicit list keeps every kernel file linked.
+// core/ knows nothing of CUDA (DESIGN.md). backend.cpp registers a DeviceBackend for CUDA
+// at static initialisation; on first use of a CUDA device, or of cuda_available(), core
+// starts it once: it discovers the GPUs and, when there are any, fills the CUDA entry of
+// every DispatchStub through the register_* functions below, one per kernel file. A static
+// library would drop self-registering objects that nothing references: CMake links every
+// program with --undefined=weft_cuda_backend_registered, which keeps backend.cpp, and its
+// explicit list keeps every kernel file.
 #pragma once
 
-#include <string>
+#include "core/tensor.h"
 
 namespace weft::cuda {
 
-// "" when CUDA devices can be used, else the reason (no driver, no GPU, ...).
-std::string start_backend();
+// Every register_* function below, in order (no CUDA call: it only fills tables).
+void register_kernels();
 
-void register_copy_kernels();         // copy.cu: copy_, fill_, host <-> device copies
+void register_copy_kernels();         // copy.cu: copy_, fill_
 void register_elementwise_kernels();  // elementwise.cu
 void register_random_kernels();       // random.cu
 void register_dropout_kernels();      // dropout.cu
@@ -27,5 +29,8 @@ void register_matmul_kernels();       // matmul.cpp (cuBLAS)
 void register_conv_kernels();         // conv.cpp (cuDNN)
 void register_pooling_kernels();      // pooling_kernels.cu
 void register_batch_norm_kernels();   // batch_norm_kernels.cu
+
+// Host <-> device (copy.cu): both contiguous with one dtype and shape.
+void copy_with_host(const Tensor& src, const Tensor& dst);
 
 }  // namespace weft::cuda

@@ -11,14 +11,15 @@
 // chunks whose number depends only on the sizes, a block reduces one chunk in a fixed
 // tree, and one thread per channel then adds its chunks' partials in order. So the result
 // is the same on every run (it differs from the CPU's only in the order of the float64
-// additions). The elementwise passes read per-channel constants computed once per
-// channel, as the CPU does.
+// additions). Everything after the sums is the CPU's code (kernels/batch_norm_math.h);
+// the elementwise passes read per-channel constants computed once per channel.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels/batch_norm_kernels.h"
+#include "kernels/batch_norm_math.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/runtime.h"
@@ -200,13 +201,12 @@ void stats_typed(const Tensor& input, const Tensor& mean, const Tensor& var, con
       s1 += p[2 * (c * chunks + k)];
       s2 += p[2 * (c * chunks + k) + 1];
     }
-    const double m = static_cast<double>(x[c * spatial]) + s1 / count;
-    const double v = fmax(0.0, (s2 - s1 * s1 / count) / count);
-    m_out.set(c, m);
-    v_out.set(c, v);
+    const BatchNormMoments moments = batch_norm_moments(static_cast<double>(x[c * spatial]), s1, s2, count);
+    m_out.set(c, moments.mean);
+    v_out.set(c, moments.var);
     if (rm.data) {
-      rm[c] = static_cast<T>((1 - momentum) * static_cast<double>(rm[c]) + momentum * m);
-      rv[c] = static_cast<T>((1 - momentum) * static_cast<double>(rv[c]) + momentum * v * count / (count - 1));
+      rm[c] = static_cast<T>(batch_norm_running_mean(static_cast<double>(rm[c]), moments.mean, momentum));
+      rv[c] = static_cast<T>(batch_norm_running_var(static_cast<double>(rv[c]), moments.var, count, momentum));
     }
   });
 }
@@ -223,13 +223,13 @@ void forward_typed(const Tensor& input, const Tensor& mean, const Tensor& var, d
   const int64_t channels = l.channels;
   for_each_index(channels, stream, [=] __device__(int64_t c) {
     k[c] = static_cast<T>(m[c]);
-    k[channels + c] = static_cast<T>(w[c] / sqrt(v[c] + eps));
+    k[channels + c] = static_cast<T>(batch_norm_scale(w[c], v[c], eps));
     k[2 * channels + c] = static_cast<T>(b[c]);
   });
   const T* x = input.data_ptr<T>();
   T* y = out.data_ptr<T>();
   for_each_element(l, stream, [=] __device__(int64_t i, int64_t c) {
-    y[i] = (x[i] - k[c]) * k[channels + c] + k[2 * channels + c];
+    y[i] = batch_norm_normalize(x[i], k[c], k[channels + c], k[2 * channels + c]);
   });
 }
 
@@ -262,26 +262,21 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& m
         sum_g += p[2 * (c * chunks + j)];
         sum_gd += p[2 * (c * chunks + j) + 1];
       }
-    const double invstd = 1 / sqrt(v[c] + eps);
+    const BatchNormBackwardCoefficients coeffs =
+        batch_norm_backward_coefficients(w[c], v[c], eps, sum_g, sum_gd, count, training);
     gb.set(c, sum_g);
-    gw.set(c, sum_gd * invstd);
+    gw.set(c, coeffs.grad_weight);
     if (k == nullptr) return;
-    const double a = w[c] * invstd;
-    double bx = 0, shift = 0;
-    if (training && count > 0) {
-      bx = -a * invstd * invstd * sum_gd / count;
-      shift = -a * sum_g / count;
-    }
-    k[c] = a;
-    k[channels + c] = bx;
-    k[2 * channels + c] = shift;
+    k[c] = coeffs.input.a;
+    k[channels + c] = coeffs.input.bx;
+    k[2 * channels + c] = coeffs.input.k;
     k[3 * channels + c] = m[c];
   });
   if (!need_input) return;
   T* gi = grad_input.data_ptr<T>();
   for_each_element(l, stream, [=] __device__(int64_t i, int64_t c) {
-    const double d = static_cast<double>(x[i]) - k[3 * channels + c];
-    gi[i] = static_cast<T>(k[c] * static_cast<double>(g[i]) + k[channels + c] * d + k[2 * channels + c]);
+    const BatchNormInputGrad grad_of{k[c], k[channels + c], k[2 * channels + c]};
+    gi[i] = static_cast<T>(grad_of(static_cast<double>(g[i]), static_cast<double>(x[i]) - k[3 * channels + c]));
   });
 }
 

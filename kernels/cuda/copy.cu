@@ -85,12 +85,12 @@ void copy_kernel(const Tensor& src, const Tensor& dst) {
   Tensor staged = src;  // freed only after the source stream has been ordered after the copy
   if (physical_device(from) == physical_device(to)) {
     DeviceGuard guard(to);
-    copy_on_stream(src, dst, dst_stream.handle());
+    copy_on_stream(src, dst, native(dst_stream));
   } else {
     if (!(src.is_contiguous() && src.dtype() == dst.dtype() && src.shape() == dst.shape())) {
       staged = empty(dst.shape(), TensorOptions(dst.dtype(), from));
       DeviceGuard guard(from);
-      copy_on_stream(src, staged, src_stream.handle());
+      copy_on_stream(src, staged, native(src_stream));
       ready.record(src_stream);
       ready.block(dst_stream);
     }
@@ -98,8 +98,8 @@ void copy_kernel(const Tensor& src, const Tensor& dst) {
     DeviceGuard guard(to);
     WEFT_CUDA_CHECK(cudaMemcpyPeerAsync(landed.raw_data(), physical_device(to), staged.raw_data(),
                                         physical_device(from), static_cast<size_t>(landed.nbytes()),
-                                        dst_stream.handle()));
-    if (!landed.is_same(dst)) copy_on_stream(landed, dst, dst_stream.handle());
+                                        native(dst_stream)));
+    if (!landed.is_same(dst)) copy_on_stream(landed, dst, native(dst_stream));
   }
   Event done;
   done.record(dst_stream);
@@ -121,8 +121,10 @@ void fill_kernel(const Tensor& dst, double value) {
   });
 }
 
+}  // namespace
+
 // Host <-> device, both contiguous with one dtype and shape (core stages the rest).
-void host_device_copy(const Tensor& src, const Tensor& dst) {
+void copy_with_host(const Tensor& src, const Tensor& dst) {
   const size_t nbytes = static_cast<size_t>(dst.nbytes());
   if (dst.device().is_cuda()) {
     DeviceGuard guard(dst.device());
@@ -130,22 +132,19 @@ void host_device_copy(const Tensor& src, const Tensor& dst) {
     // From pinned memory the copy is asynchronous: the pinned allocator keeps the block
     // until the stream has read it. From pageable memory cudaMemcpyAsync returns once
     // the bytes are staged, so the host buffer may be freed right after.
-    WEFT_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), nbytes, cudaMemcpyHostToDevice, stream.handle()));
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), nbytes, cudaMemcpyHostToDevice, native(stream)));
     if (src.is_pinned()) record_pinned_use(src.storage()->data(), stream);
   } else {
     DeviceGuard guard(src.device());
     Stream stream = current_stream(src.device());
-    WEFT_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), nbytes, cudaMemcpyDeviceToHost, stream.handle()));
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), nbytes, cudaMemcpyDeviceToHost, native(stream)));
     stream.synchronize();  // the host reads the values next
   }
 }
 
-}  // namespace
-
 void register_copy_kernels() {
   copy_stub.set(DeviceType::CUDA, &copy_kernel);
   fill_stub.set(DeviceType::CUDA, &fill_kernel);
-  register_cross_device_copy(&host_device_copy);
 }
 
 }  // namespace weft::cuda

@@ -38,7 +38,7 @@ CublasHandle::CublasHandle(Device device) {
   const int gpu = physical_device(device);
   handle_ = CublasPool::get(gpu);
   // cublasSetStream drops any workspace set before, so the workspace is set after it.
-  WEFT_CUDA_CHECK(cublasSetStream(handle_, current_stream(device).handle()));
+  WEFT_CUDA_CHECK(cublasSetStream(handle_, current_native_stream(device)));
   const size_t bytes = workspace_bytes(gpu);
   workspace_ = empty({static_cast<int64_t>(bytes)}, TensorOptions(DType::UInt8, device));
   WEFT_CUDA_CHECK(cublasSetWorkspace(handle_, workspace_.raw_data(), bytes));

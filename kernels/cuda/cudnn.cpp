@@ -34,7 +34,7 @@ using CudnnPool = HandlePool<cudnnHandle_t, &create_handle>;
 
 cudnnHandle_t cudnn_handle(Device device) {
   cudnnHandle_t handle = CudnnPool::get(physical_device(device));
-  WEFT_CUDA_CHECK(cudnnSetStream(handle, current_stream(device).handle()));
+  WEFT_CUDA_CHECK(cudnnSetStream(handle, current_native_stream(device)));
   return handle;
 }
 

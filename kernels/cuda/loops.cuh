@@ -81,7 +81,7 @@ void for_each_index(int64_t n, cudaStream_t stream, F f) {
 }
 
 // The stream ops on `device` launch on (the current stream of this thread).
-inline cudaStream_t stream_of(Device device) { return current_stream(device).handle(); }
+inline cudaStream_t stream_of(Device device) { return current_native_stream(device); }
 
 // Casts between weft's dtypes on the device (bool is "!= 0", as in the CPU copy).
 template <class To, class From>

@@ -95,7 +95,7 @@ void matmul_typed(Tensor a, Tensor b, const Tensor& out, bool accumulate) {
   const int64_t m = out.size(nd - 2), n = out.size(nd - 1), k = a.size(nd - 1);
   if (out.numel() == 0) return;
   DeviceGuard guard(out.device());
-  cudaStream_t stream = current_stream(out.device()).handle();
+  cudaStream_t stream = current_native_stream(out.device());
   if (k == 0) {  // an empty sum: zeros, or nothing to add
     if (!accumulate) WEFT_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), stream));
     return;

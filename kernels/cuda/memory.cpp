@@ -43,7 +43,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     WEFT_CUDA_CHECK(cudaFree(ptr));
   }
 
-  StreamId current_stream() override { return reinterpret_cast<StreamId>(cuda::current_stream(device_).handle()); }
+  StreamId current_stream() override { return reinterpret_cast<StreamId>(current_native_stream(device_)); }
 
   EventId record_event(StreamId stream) override {
     DeviceGuard guard(device_);
@@ -149,7 +149,7 @@ class PinnedHostAllocator final : public Allocator {
     DeviceGuard guard(stream.device());
     cudaEvent_t event = nullptr;
     WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    WEFT_CUDA_CHECK(cudaEventRecord(event, stream.handle()));
+    WEFT_CUDA_CHECK(cudaEventRecord(event, native(stream)));
     it->second.events.push_back(event);
   }
 

@@ -12,11 +12,13 @@
 // table filled by a host copy, costs a copy per step and, from pageable memory, may block
 // the host until the stream drains, i.e. until the backward pass is done.)
 //
-// Every element's update reads and writes only that element, and each kernel computes in
-// the tensors' dtype with the CPU's expressions; products may contract into FMAs (nvcc's
-// default), so GPU and CPU agree to a few ulps, not bitwise. The norm is a deterministic
-// two-stage reduction in float64: a fixed tree per chunk, then one block over the chunk
-// partials in order; the host waits for the single double it returns.
+// Every element's update reads and writes only that element, by the rules the CPU uses
+// too (kernels/optim_updates.h): in the tensors' dtype, with the multiply-adds fused
+// explicitly, so the GPU equals a CPU build with FMA instructions bit for bit, and one
+// without them to a rounding per multiply-add (Note [Fused multiply-add in shared
+// formulas]). The norm is a deterministic two-stage reduction in float64: a fixed tree
+// per chunk, then one block over the chunk partials in order; the host waits for the
+// single double it returns.
 #include <cuda_runtime.h>
 
 #include <array>
@@ -28,6 +30,7 @@
 #include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/optim_kernels.h"
+#include "kernels/optim_updates.h"
 
 namespace weft::cuda {
 
@@ -123,25 +126,14 @@ using SgdBatch = TensorBatch<3, uint8_t>;  // params, grads, momentum buffers; "
 
 template <class T>
 struct SgdUpdate {
-  T neg_lr, momentum, keep, weight_decay;
-  bool use_momentum, use_weight_decay, nesterov, maximize;
+  SgdRule<T> rule;
 
   __device__ void operator()(const SgdBatch& batch, int t, int64_t first, int64_t end) const {
     T* __restrict__ p = static_cast<T*>(batch.data[0][t]);
     const T* __restrict__ g = static_cast<const T*>(batch.data[1][t]);
     T* __restrict__ buf = static_cast<T*>(batch.data[2][t]);
     const bool fresh = batch.extra[t] != 0;
-    for (int64_t i = first; i < end; i += kThreads) {
-      const T x = p[i];
-      T d = maximize ? T(-g[i]) : g[i];
-      if (use_weight_decay) d = d + weight_decay * x;
-      if (use_momentum) {
-        const T b = fresh ? d : T(buf[i] * momentum + keep * d);
-        buf[i] = b;
-        d = nesterov ? T(d + momentum * b) : b;
-      }
-      p[i] = x + neg_lr * d;
-    }
+    for (int64_t i = first; i < end; i += kThreads) rule.step(p, g, buf, fresh, i);
   }
 };
 
@@ -153,8 +145,7 @@ void sgd_step_kernel(const TensorList& params, const TensorList& grads, const Te
   const bool use_momentum = h.momentum != 0;
   dispatch_floating(params[0].dtype(), "SGD.step", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const SgdUpdate<T> op{T(-h.lr),       T(h.momentum),         T(1 - h.dampening), T(h.weight_decay),
-                          use_momentum,   h.weight_decay != 0,   h.nesterov,         h.maximize};
+    const SgdUpdate<T> op{SgdRule<T>::from(h)};
     for_each_batch<3, uint8_t>(
         {&params, &grads, &bufs}, [&](size_t i) -> uint8_t { return use_momentum ? new_buffer[i] : 0; },
         [&](const SgdBatch& batch, int64_t blocks) { launch_apply(batch, blocks, op, stream); });
@@ -163,24 +154,13 @@ void sgd_step_kernel(const TensorList& params, const TensorList& grads, const Te
 
 // --- Adam / AdamW --------------------------------------------------------------------
 
-// Bias-correction terms of one tensor, in double as the CPU computes them; the kernel
-// rounds them to T as the CPU does.
-struct AdamScalars {
-  double neg_step_size;
-  double bias_correction2_sqrt;
-};
-using AdamBatch = TensorBatch<5, AdamScalars>;  // params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq
-
-// PyTorch's lerp: exact at both ends of the weight range (the CPU's formula).
-template <class T>
-__device__ __forceinline__ T exact_lerp(T start, T end, T weight) {
-  return (weight < T(0.5) && weight > T(-0.5)) ? start + weight * (end - start) : end - (end - start) * (T(1) - weight);
-}
+// Each tensor's bias-correction terms travel in double; the kernel rounds them to T as
+// the CPU does.
+using AdamBatch = TensorBatch<5, AdamStepScalars>;  // params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq
 
 template <class T>
 struct AdamUpdate {
-  T weight1, beta2, weight2, eps, weight_decay, decay;
-  bool use_weight_decay, decoupled, amsgrad, maximize;
+  AdamRule<T> rule;
 
   __device__ void operator()(const AdamBatch& batch, int t, int64_t first, int64_t end) const {
     T* __restrict__ p = static_cast<T*>(batch.data[0][t]);
@@ -189,29 +169,7 @@ struct AdamUpdate {
     T* __restrict__ v = static_cast<T*>(batch.data[3][t]);
     T* __restrict__ v_max = static_cast<T*>(batch.data[4][t]);
     const T step_term = T(batch.extra[t].neg_step_size), bc2_sqrt = T(batch.extra[t].bias_correction2_sqrt);
-    for (int64_t i = first; i < end; i += kThreads) {
-      T d = maximize ? T(-g[i]) : g[i];
-      T x = p[i];
-      if (use_weight_decay) {
-        if (decoupled)
-          x = x * decay;
-        else
-          d = d + weight_decay * x;
-      }
-      const T m_new = exact_lerp(m[i], d, weight1);
-      const T v_new = v[i] * beta2 + weight2 * d * d;
-      m[i] = m_new;
-      v[i] = v_new;
-      T v_hat = v_new;
-      if (amsgrad) {
-        // torch.maximum: NaN propagates from either side.
-        const T a = v_max[i];
-        v_hat = (a != a || a > v_hat) ? a : v_hat;
-        v_max[i] = v_hat;
-      }
-      const T denom = sqrt(v_hat) / bc2_sqrt + eps;
-      p[i] = x + step_term * (m_new / denom);
-    }
+    for (int64_t i = first; i < end; i += kThreads) rule.step(p, g, m, v, v_max, i, step_term, bc2_sqrt);
   }
 };
 
@@ -221,18 +179,11 @@ void adam_step_kernel(const TensorList& params, const TensorList& grads, const T
   if (params.empty()) return;
   DeviceGuard guard(params[0].device());
   cudaStream_t stream = stream_of(params[0].device());
-  auto scalars_of = [&](size_t i) {
-    const double step = static_cast<double>(steps[i]);
-    return AdamScalars{-(h.lr / (1 - std::pow(h.beta1, step))), std::sqrt(1 - std::pow(h.beta2, step))};
-  };
+  auto scalars_of = [&](size_t i) { return AdamStepScalars::at(h, steps[i]); };
   dispatch_floating(params[0].dtype(), "Adam.step", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const AdamUpdate<T> op{T(1 - h.beta1),      T(h.beta2),
-                           T(1 - h.beta2),      T(h.eps),
-                           T(h.weight_decay),   T(1 - h.lr * h.weight_decay),
-                           h.weight_decay != 0, h.decoupled_weight_decay,
-                           h.amsgrad,           h.maximize};
-    for_each_batch<5, AdamScalars>(
+    const AdamUpdate<T> op{AdamRule<T>::from(h)};
+    for_each_batch<5, AdamStepScalars>(
         {&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, scalars_of,
         [&](const AdamBatch& batch, int64_t blocks) { launch_apply(batch, blocks, op, stream); });
   });

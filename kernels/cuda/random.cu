@@ -1,63 +1,40 @@
 // CUDA random fills: the Philox words of core/generator.h turned into values by the
-// formulas of kernels/cpu/random.cpp, so one generator state gives one tensor on either
-// device.
+// transforms of kernels/random_transforms.h, which the CPU kernel calls too, so one
+// generator state gives one tensor on either device.
 //
 // Element i of a fill uses words [i*w, i*w + w) of the Philox stream (w = 1, 2 or 4, per
 // dtype and kind), so Philox block k makes elements [k*4/w, (k+1)*4/w). One thread per
 // block computes the block once and writes its 4/w consecutive elements, as one aligned
-// packet store when it can. The transforms run in double as on the CPU: integers and
-// uniforms are exact (bitwise equal to the CPU's); normals go through log and cos, where
-// CUDA's and the host's libraries may differ by an ulp or two of the double, which the
-// rounding to float32 almost always hides.
+// packet store when it can. Integers and uniforms equal the CPU's bit for bit; normals
+// may differ by an ulp (see kernels/random_transforms.h).
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <numbers>
 #include <type_traits>
 
 #include "core/generator.h"
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/runtime.h"
+#include "kernels/random_kernels.h"
+#include "kernels/random_transforms.h"
 
 namespace weft::cuda {
 
 namespace {
 
-// random_words_per_element (core/generator.cpp) as a constant of the kernel's types.
+// random_words_per_element (kernels/random.cpp) as a constant of the kernel's types.
 template <class T, RandomKind K>
 constexpr int kWords = (K == RandomKind::Uniform && !std::is_same_v<T, double>) ? 1
                        : (K == RandomKind::Normal && std::is_same_v<T, double>) ? 4
                                                                                  : 2;
 
-// (0, 1] from 32 bits and from 64 bits; never 0, so log() is safe.
-__device__ __forceinline__ double unit_open_low_32(uint32_t x) { return (static_cast<double>(x) + 1.0) * 0x1p-32; }
-__device__ __forceinline__ double unit_open_low_64(uint32_t hi, uint32_t lo) {
-  return (static_cast<double>((uint64_t{hi} << 21) ^ (lo >> 11)) + 1.0) * 0x1p-53;
-}
-
-constexpr double kTwoPi = 2.0 * std::numbers::pi;
-
-// One element's value from its words; the CPU's draw<T>, line for line.
+// One element's value from its words, by the transforms the CPU uses too.
 template <class T, RandomKind K>
 __device__ __forceinline__ T draw(const uint32_t* w, double a, double b) {
-  constexpr bool kWide = std::is_same_v<T, double>;
-  if constexpr (K == RandomKind::Integer) {
-    uint64_t bits = (uint64_t{w[0]} << 32) | w[1];
-    auto low = static_cast<int64_t>(a);
-    auto range = static_cast<uint64_t>(static_cast<int64_t>(b) - low);
-    return static_cast<T>(low + static_cast<int64_t>(bits % range));
-  } else if constexpr (K == RandomKind::Uniform) {
-    // [0, 1): 24 bits for float32, 53 for float64.
-    double unit = kWide ? unit_open_low_64(w[0], w[1]) - 0x1p-53 : static_cast<double>(w[0] >> 8) * 0x1p-24;
-    // Explicitly rounded steps: a contracted fused multiply-add would differ from the CPU.
-    return static_cast<T>(__dadd_rn(a, __dmul_rn(b - a, unit)));
-  } else {
-    // Box-Muller, cosine branch (one normal per element).
-    double u1 = kWide ? unit_open_low_64(w[0], w[1]) : unit_open_low_32(w[0]);
-    double u2 = kWide ? unit_open_low_64(w[2], w[3]) : unit_open_low_32(w[1]);
-    return static_cast<T>(__dadd_rn(a, __dmul_rn(__dmul_rn(b, ::sqrt(-2.0 * ::log(u1))), ::cos(kTwoPi * u2))));
-  }
+  if constexpr (K == RandomKind::Uniform) return random_uniform<T>(w, a, b);
+  else if constexpr (K == RandomKind::Normal) return random_normal<T>(w, a, b);
+  else return random_integer<T>(w, a, b);
 }
 
 // The elements of one Philox block, stored together.

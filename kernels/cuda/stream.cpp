@@ -1,4 +1,4 @@
-// Compute and upload streams per logical device, the thread's current stream, and events.
+// Compute and upload streams per logical device, new streams, and events.
 #include "kernels/cuda/stream.h"
 
 #include <array>
@@ -13,14 +13,6 @@
 namespace weft::cuda {
 
 namespace {
-
-cudaStream_t new_stream_handle(Device device) {
-  DeviceGuard guard(device);
-  cudaStream_t handle = nullptr;
-  // Non-blocking: weft never uses the legacy default stream, so no implicit syncs with it.
-  WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&handle, cudaStreamNonBlocking));
-  return handle;
-}
 
 // One stream per logical device, created on first use.
 struct StreamTable {
@@ -39,34 +31,9 @@ StreamTable& upload_streams() {
   return *s;
 }
 
-thread_local std::array<cudaStream_t, kMaxLogicalDevices> current_override{};
-
-int slot(Device device) {
+cudaStream_t table_stream(StreamTable& s, Device device) {
   physical_device(device);  // validates the logical index
-  return device.index;
-}
-
-}  // namespace
-
-void Stream::synchronize() const {
-  DeviceGuard guard(device_);
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(handle_));
-}
-
-bool Stream::query() const {
-  cudaError_t status = cudaStreamQuery(handle_);
-  if (status == cudaErrorNotReady) {
-    cudaGetLastError();
-    return false;
-  }
-  WEFT_CUDA_CHECK(status);
-  return true;
-}
-
-namespace {
-
-Stream table_stream(StreamTable& s, Device device) {
-  int i = slot(device);
+  const int i = device.index;
   cudaStream_t handle = s.handles[i].load(std::memory_order_acquire);
   if (handle == nullptr) [[unlikely]] {
     std::lock_guard lock(s.mutex);
@@ -76,64 +43,11 @@ Stream table_stream(StreamTable& s, Device device) {
       s.handles[i].store(handle, std::memory_order_release);
     }
   }
-  return Stream(device, handle);
+  return handle;
 }
 
-}  // namespace
-
-Stream compute_stream(Device device) { return table_stream(compute_streams(), device); }
-Stream upload_stream(Device device) { return table_stream(upload_streams(), device); }
-
-Stream current_stream(Device device) {
-  int i = slot(device);
-  if (cudaStream_t handle = current_override[i]) return Stream(device, handle);
-  return compute_stream(device);
-}
-
-Stream create_stream(Device device) { return Stream(device, new_stream_handle(device)); }
-
-StreamGuard::StreamGuard(Stream stream) : device_(stream.device()) {
-  int i = slot(device_);
-  previous_ = current_override[i];
-  current_override[i] = stream.handle();
-}
-
-StreamGuard::~StreamGuard() { current_override[device_.index] = previous_; }
-
-Event::Event(bool timing) : timing_(timing) {}
-
-Event::~Event() {
-  if (handle_ != nullptr) cudaEventDestroy(handle_);
-}
-
-Event::Event(Event&& other) noexcept : handle_(other.handle_), timing_(other.timing_) { other.handle_ = nullptr; }
-
-Event& Event::operator=(Event&& other) noexcept {
-  if (this != &other) {
-    if (handle_ != nullptr) cudaEventDestroy(handle_);
-    handle_ = other.handle_;
-    timing_ = other.timing_;
-    other.handle_ = nullptr;
-  }
-  return *this;
-}
-
-void Event::record(const Stream& stream) {
-  DeviceGuard guard(stream.device());
-  if (handle_ == nullptr)
-    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&handle_, timing_ ? cudaEventDefault : cudaEventDisableTiming));
-  WEFT_CUDA_CHECK(cudaEventRecord(handle_, stream.handle()));
-}
-
-void Event::block(const Stream& stream) const {
-  if (handle_ == nullptr) return;  // nothing recorded: nothing to wait for
-  DeviceGuard guard(stream.device());
-  WEFT_CUDA_CHECK(cudaStreamWaitEvent(stream.handle(), handle_, 0));
-}
-
-bool Event::query() const {
-  if (handle_ == nullptr) return true;
-  cudaError_t status = cudaEventQuery(handle_);
+// cudaErrorNotReady is an answer, not an error: it is cleared and reported as false.
+bool done(cudaError_t status) {
   if (status == cudaErrorNotReady) {
     cudaGetLastError();
     return false;
@@ -142,15 +56,52 @@ bool Event::query() const {
   return true;
 }
 
-void Event::synchronize() const {
-  if (handle_ != nullptr) WEFT_CUDA_CHECK(cudaEventSynchronize(handle_));
+}  // namespace
+
+cudaStream_t compute_stream_handle(Device device) { return table_stream(compute_streams(), device); }
+cudaStream_t upload_stream_handle(Device device) { return table_stream(upload_streams(), device); }
+
+cudaStream_t new_stream_handle(Device device) {
+  DeviceGuard guard(device);
+  cudaStream_t handle = nullptr;
+  // Non-blocking: weft never uses the legacy default stream, so no implicit syncs with it.
+  WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&handle, cudaStreamNonBlocking));
+  return handle;
 }
 
-float Event::elapsed_ms(const Event& end) const {
-  WEFT_CHECK(timing_ && end.timing_ && handle_ != nullptr && end.handle_ != nullptr,
-             "Event::elapsed_ms: both events must be created with timing and recorded");
+void synchronize_stream(Device device, cudaStream_t stream) {
+  DeviceGuard guard(device);
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+bool query_stream(cudaStream_t stream) { return done(cudaStreamQuery(stream)); }
+
+cudaEvent_t create_event(Device device, bool timing) {
+  DeviceGuard guard(device);
+  cudaEvent_t event = nullptr;
+  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
+  return event;
+}
+
+void destroy_event(cudaEvent_t event) noexcept { cudaEventDestroy(event); }
+
+void record_event(cudaEvent_t event, Device device, cudaStream_t stream) {
+  DeviceGuard guard(device);
+  WEFT_CUDA_CHECK(cudaEventRecord(event, stream));
+}
+
+void block_on_event(cudaEvent_t event, Device device, cudaStream_t stream) {
+  DeviceGuard guard(device);
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(stream, event, 0));
+}
+
+bool query_event(cudaEvent_t event) { return done(cudaEventQuery(event)); }
+
+void synchronize_event(cudaEvent_t event) { WEFT_CUDA_CHECK(cudaEventSynchronize(event)); }
+
+float elapsed_ms(cudaEvent_t start, cudaEvent_t end) {
   float ms = 0;
-  WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, handle_, end.handle_));
+  WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
   return ms;
 }
 

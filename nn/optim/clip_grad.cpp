@@ -1,5 +1,14 @@
 // clip_grad_norm_: one multi-tensor norm kernel call and at most one scale call per
 // (device, dtype) group of gradients.
+//
+// Note [Norms over several devices]: each group's kernel returns its partial sum of
+// |g|^p in float64 (max |g| for the inf-norm), and the partials are combined on the
+// host, in group order (the order the (device, dtype) pairs first appear in `params`).
+// That is PyTorch's "norm of the per-device norms" (sum_d n_d^p)^(1/p) without taking
+// each root and raising it back to p, which would add two roundings per device. The
+// result is deterministic; it equals the one-device norm up to the reassociation of a
+// float64 sum (the kernels sum in fixed blocks of the concatenated gradients), not
+// bitwise.
 #include "nn/optim/clip_grad.h"
 
 #include <cmath>
@@ -37,6 +46,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   }
   if (groups.empty()) return 0.0;
 
+  // Note [Norms over several devices].
   const bool is_inf = std::isinf(norm_type);
   double accumulated = 0;
   for (const Group& group : groups) {

@@ -17,7 +17,10 @@ namespace weft::optim {
 //
 // Differences from PyTorch: the norm is returned as a double and accumulated in float64
 // (PyTorch accumulates in the gradients' dtype); a negative max_norm is an error.
-// Gradients on several devices are allowed: the norm is global over all of them.
+// Gradients on several devices (and dtypes) are allowed: the norm is global over all of
+// them, combined from per-(device, dtype) partial sums in a fixed order (deterministic;
+// equal to the one-device norm up to float64 rounding), and each device's gradients are
+// scaled on that device.
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
 

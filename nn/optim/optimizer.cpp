@@ -1,5 +1,5 @@
-// Optimizer: parameter checks, the step driver (grouping, contiguity, device checks)
-// and the generic state_dict / load_state_dict.
+// Optimizer: parameter checks, the step driver (grouping by device and dtype,
+// contiguity, state checks) and the generic state_dict / load_state_dict.
 #include "nn/optim/optimizer.h"
 
 #include <algorithm>
@@ -55,9 +55,6 @@ Optimizer::Optimizer(std::string name, std::vector<Tensor> params, double lr, st
                  " (each parameter may appear once)");
   }
   check_hyperparameter(lr >= 0, "learning rate", lr, "must be >= 0");
-  std::vector<size_t> all(params_.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  check_device(all);
   state_.resize(params_.size());
   for (ParamState& s : state_) s.slots.resize(slot_names_.size());
 }
@@ -73,14 +70,6 @@ void Optimizer::set_lr(double lr) {
 
 void Optimizer::zero_grad() {
   for (Tensor p : params_) p.set_grad(Tensor());
-}
-
-void Optimizer::check_device(const std::vector<size_t>& active) const {
-  const Tensor& first = params_[active.front()];
-  for (size_t i : active)
-    WEFT_CHECK(params_[i].device() == first.device(), name_, ": parameter ", active.front(), " is on ", first.device(),
-               " but parameter ", i, " is on ", params_[i].device(),
-               "; one optimizer updates parameters on one device (make one optimizer per device)");
 }
 
 void Optimizer::check_state_matches(size_t param) const {
@@ -103,27 +92,29 @@ void Optimizer::step() {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].grad().defined()) active.push_back(i);
   if (active.empty()) return;
-  check_device(active);
   for (size_t i : active) check_state_matches(i);
 
-  // The kernel's contract is one dtype per call; a model mixing float32 and float64
-  // parameters takes one call per dtype, in the order the dtypes first appear.
-  std::vector<DType> dtypes;
-  for (size_t i : active)
-    if (std::find(dtypes.begin(), dtypes.end(), params_[i].dtype()) == dtypes.end())
-      dtypes.push_back(params_[i].dtype());
-  for (DType dtype : dtypes) {
-    StepGroup group;
-    group.device = params_[active.front()].device();
-    for (size_t i : active) {
-      const Tensor& p = params_[i];
-      if (p.dtype() != dtype) continue;
-      group.index.push_back(i);
-      // A strided parameter (rare: a leaf made from a view) is updated in a contiguous
-      // copy and written back.
-      group.params.push_back(p.is_contiguous() ? p.detach() : p.detach().contiguous());
-      group.grads.push_back(p.grad().contiguous());
+  // The kernels' contract is one device and one dtype per call: one call per (device,
+  // dtype) pair, in the order the pairs first appear in the parameter list. Updates are
+  // elementwise, so the grouping changes no bits.
+  std::vector<std::pair<Device, DType>> keys;
+  std::vector<StepGroup> groups;
+  for (size_t i : active) {
+    const Tensor& p = params_[i];
+    const std::pair<Device, DType> key{p.device(), p.dtype()};
+    const size_t g = std::find(keys.begin(), keys.end(), key) - keys.begin();
+    if (g == keys.size()) {
+      keys.push_back(key);
+      groups.emplace_back().device = p.device();
     }
+    StepGroup& group = groups[g];
+    group.index.push_back(i);
+    // A strided parameter (rare: a leaf made from a view) is updated in a contiguous
+    // copy and written back.
+    group.params.push_back(p.is_contiguous() ? p.detach() : p.detach().contiguous());
+    group.grads.push_back(p.grad().contiguous());
+  }
+  for (const StepGroup& group : groups) {
     update(group);
     for (size_t k = 0; k < group.index.size(); ++k) {
       const Tensor& p = params_[group.index[k]];

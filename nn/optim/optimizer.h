@@ -2,10 +2,13 @@
 //
 // An optimizer holds handles to leaf parameters and updates them in place: step() reads
 // each parameter's .grad (parameters whose grad is undefined are skipped, as in
-// PyTorch) and runs ONE multi-tensor kernel over all of them (kernels/optim_kernels.h),
-// so that on CUDA a step is one launch, not one launch per tensor. One parameter group
-// per optimizer: lr() / set_lr() act on all parameters (make two optimizers where
-// PyTorch would use two groups).
+// PyTorch) and runs one multi-tensor kernel (kernels/optim_kernels.h) per (device,
+// dtype) group of them, so that on CUDA a step is one launch per device, not one launch
+// per tensor. The parameters may live on several devices (model and pipeline
+// parallelism put one model on many): every update is elementwise, so a parameter ends
+// bit-identical to what an optimizer of its device alone would make of it. One
+// parameter group per optimizer in PyTorch's sense: lr() / set_lr() act on all
+// parameters (make two optimizers where PyTorch would use two groups).
 //
 // State for checkpoints and resume is a flat list of named tensors plus named scalars,
 // the shape safetensors stores (tensors by name, scalars in the metadata):
@@ -42,8 +45,8 @@ class Optimizer {
   // "SGD", "Adam", "AdamW": what error messages and state checks call this optimizer.
   const std::string& name() const { return name_; }
 
-  // One update of every parameter that has a grad; runs with grad mode off. All of them
-  // must be on one device (one optimizer per device otherwise).
+  // One update of every parameter that has a grad; runs with grad mode off. Each grad
+  // must match its parameter's shape, dtype and device.
   void step();
   // Sets every parameter's grad to none (PyTorch's zero_grad(set_to_none=True)).
   void zero_grad();
@@ -63,7 +66,8 @@ class Optimizer {
   OptimizerState state_dict() const;
   // Checks everything before changing anything: a state from another optimizer type,
   // for another number of parameters, with a mis-shaped or unknown tensor, is an error
-  // that names the problem. Tensors are copied onto each parameter's device and dtype.
+  // that names the problem. Each tensor is copied onto its own parameter's device and
+  // dtype, whatever device it was saved from.
   void load_state_dict(const OptimizerState& state);
 
  protected:
@@ -76,8 +80,8 @@ class Optimizer {
     std::vector<Tensor> slots;  // one per slot name; undefined until first needed
   };
 
-  // The parameters of one step that share a dtype (one group in the usual case), with
-  // the contiguous tensors the kernel writes (params) and reads (grads).
+  // The parameters of one step that share a device and a dtype (one group in the usual
+  // case), with the contiguous tensors the kernel writes (params) and reads (grads).
   struct StepGroup {
     std::vector<size_t> index;  // into params()
     std::vector<Tensor> params;
@@ -102,7 +106,6 @@ class Optimizer {
   void check_hyperparameter(bool ok, const char* what, double value, const char* rule) const;
 
  private:
-  void check_device(const std::vector<size_t>& active) const;
   void check_state_matches(size_t param) const;
 
   std::string name_;

@@ -1,0 +1,35 @@
+// The CPU thread count and budgets, on OpenMP's per-thread setting (its nthreads ICV:
+// omp_set_num_threads on a thread outside a parallel region changes that thread's own
+// value, which its parallel regions then use).
+#include "kernels/cpu/threads.h"
+
+#include <algorithm>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "core/error.h"
+
+namespace weft {
+
+int num_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+void set_num_threads(int threads) {
+  WEFT_CHECK(threads >= 1, "set_num_threads: expected at least 1 thread, got ", threads);
+#ifdef _OPENMP
+  omp_set_num_threads(threads);
+#endif
+}
+
+CpuThreadBudget::CpuThreadBudget(int threads) : previous_(num_threads()) { set_num_threads(std::max(1, threads)); }
+
+CpuThreadBudget::~CpuThreadBudget() { set_num_threads(previous_); }
+
+}  // namespace weft

@@ -1,0 +1,48 @@
+// Arithmetic for the formulas that the CPU and CUDA kernels share (WEFT_HOST_DEVICE
+// functions): the same overloads on both sides, and multiply-adds whose rounding is
+// written down instead of left to the compiler.
+//
+// Note [Fused multiply-add in shared formulas]: a * b + c may be computed with one
+// rounding (a fused multiply-add) or two, and compilers choose on their own: nvcc fuses
+// by default, g++ fuses when the target has an FMA instruction (-march=native on any
+// recent x86, always on AArch64), and the two do not always fuse the same pairs (in
+// v * beta2 + w * g * g either product can be the fused one). Left implicit, the same
+// source gives different bits on the CPU and the GPU, and on the CPU under different
+// -march flags. So in a shared formula every product that feeds a sum is written as
+// mul_add, leaving the compilers nothing to fuse: fused on the GPU and on hosts with an
+// FMA instruction, which therefore agree bit for bit; two roundings on a host without
+// one (an x86 build without -march=native, where fma() would be a slow library call that
+// also stops the loop from vectorising), which is what such a host computed anyway.
+// Division and sqrt are correctly rounded on both sides (nvcc's defaults, not
+// -use_fast_math), so they need no such care.
+#pragma once
+
+#include <cmath>
+
+#include "core/host_device.h"
+
+namespace weft::hd {
+
+// a * b + c: one rounding where the target fuses (Note above), else two.
+WEFT_HOST_DEVICE inline float mul_add(float a, float b, float c) {
+#if defined(__CUDA_ARCH__) || defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  return ::fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+WEFT_HOST_DEVICE inline double mul_add(double a, double b, double c) {
+#if defined(__CUDA_ARCH__) || defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  return ::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// sqrt in the argument's own precision on both sides (std::sqrt is host-only, and the
+// global sqrt of the C library has no float overload on the host).
+WEFT_HOST_DEVICE inline float sqrt(float x) { return ::sqrtf(x); }
+WEFT_HOST_DEVICE inline double sqrt(double x) { return ::sqrt(x); }
+
+}  // namespace weft::hd

@@ -1,0 +1,42 @@
+// Strategy's shared step and the single-device strategy.
+#include "train/strategy.h"
+
+#include "core/error.h"
+
+namespace weft::train {
+
+ParallelMode parse_parallel_mode(const std::string& name) {
+  if (name == "single") return ParallelMode::Single;
+  WEFT_CHECK(name != "dp" && name != "ddp" && name != "pipeline", "parallel mode '", name,
+             "' is not implemented yet (the parallel layer adds it); use single");
+  WEFT_FAIL("unknown parallel mode '", name, "' (expected single, dp, ddp or pipeline)");
+}
+
+const char* parallel_mode_name(ParallelMode mode) {
+  switch (mode) {
+    case ParallelMode::Single: return "single";
+  }
+  return "unknown";
+}
+
+Tensor Strategy::train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,
+                            optim::Optimizer& optimizer) {
+  optimizer.zero_grad();
+  Tensor loss = criterion(model.forward(batch.data), batch.target);
+  loss.backward();
+  optimizer.step();
+  return loss;
+}
+
+std::shared_ptr<nn::Module> SingleDevice::prepare(std::shared_ptr<nn::Module> model) {
+  if (device_) model->to(*device_);
+  else device_ = model->device();
+  return model;
+}
+
+Device SingleDevice::input_device() const {
+  WEFT_CHECK(device_.has_value(), "SingleDevice: input_device() before prepare()");
+  return *device_;
+}
+
+}  // namespace weft::train

@@ -1,0 +1,83 @@
+// Strategy: how the TrainLoop runs a model on its devices, without the loop knowing how.
+//
+// Seed 000's TrainLoop takes gpu_mode = 'dp' or 'ddp' and branches on it. weft's loop
+// instead asks a Strategy, at a few fixed points, what only the mode knows: which devices
+// the model runs on and where batches go, how the model is prepared (moved, wrapped in
+// DataParallel or DDP, split into pipeline stages), how one batch is stepped, how a loader
+// is sharded across processes, how the sums of an epoch (loss, correct answers, samples)
+// are combined across devices or ranks, and whether this process logs, writes metrics and
+// saves checkpoints. train_epoch, evaluate and save_checkpoint are the same for every
+// mode; each parallel mode adds one Strategy next to this file.
+//
+// SingleDevice is the only strategy so far: the model runs where it lives.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "data/dataloader.h"
+#include "nn/module.h"
+#include "nn/optim/optimizer.h"
+
+namespace weft::train {
+
+// weft-train's --mode and the metrics' "mode" (PyTorch's TrainLoop calls it gpu_mode).
+enum class ParallelMode { Single };
+// "single"; "dp", "ddp" and "pipeline" are refused until the parallel layer adds them.
+ParallelMode parse_parallel_mode(const std::string& name);
+const char* parallel_mode_name(ParallelMode mode);
+
+// loss = criterion(model output, target), reduced to a scalar mean over the batch.
+using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+// Sums over the batches of an epoch or an evaluation, read back once at its end.
+struct Totals {
+  double loss = 0;     // training: the sum of batch losses; evaluation: of per-sample losses
+  double correct = 0;  // evaluation: outputs whose argmax is the target
+  double samples = 0;
+  double batches = 0;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  virtual ParallelMode mode() const = 0;
+  // Devices (dp, pipeline) or processes (ddp) that share one step; metrics' world_size.
+  virtual int world_size() const { return 1; }
+  // This process logs, writes metrics and checkpoints (rank 0 in ddp; always otherwise).
+  virtual bool is_main_process() const { return true; }
+
+  // Called once, by the TrainLoop's constructor: checks, moves or wraps the model and
+  // returns the module the loop calls forward on.
+  virtual std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model) = 0;
+  // Where the loop delivers batches (and sums the epoch's totals).
+  virtual Device input_device() const = 0;
+  // Restricts a loader to this process's share of the samples (ddp); others: nothing.
+  virtual void shard(data::DataLoader& loader) {}
+  // One step on one batch: zero the grads, forward, loss, backward, optimizer step.
+  // Returns the batch's loss on input_device(), not read back.
+  virtual Tensor train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,
+                            optim::Optimizer& optimizer);
+  // This process's totals combined over every process of the run (ddp: all-reduced).
+  virtual Totals reduce(const Totals& local) { return local; }
+};
+
+// The model runs on the device it is on; given a device, the model is moved there first.
+class SingleDevice final : public Strategy {
+ public:
+  explicit SingleDevice(std::optional<Device> device = std::nullopt) : device_(device) {}
+
+  ParallelMode mode() const override { return ParallelMode::Single; }
+  std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model) override;
+  Device input_device() const override;
+
+ private:
+  std::optional<Device> device_;
+};
+
+}  // namespace weft::train
