@@ -23,6 +23,8 @@
 #include "nn/models/resnet.h"
 #include "nn/optim/adam.h"
 #include "nn/optim/sgd.h"
+#include "parallel/data_parallel.h"
+#include "train/data_parallel_strategy.h"
 #include "train/train_loop.h"
 
 using namespace weft;
@@ -31,7 +33,7 @@ namespace {
 
 struct Config {
   std::string model = "convnet", data = "fashion-mnist", data_dir = "/usr/share/datasets/fashion-mnist";
-  std::string device, optimizer = "sgd", mode = "single", checkpoint, resume, metrics_json;
+  std::string device, devices, optimizer = "sgd", mode = "single", checkpoint, resume, metrics_json, trace;
   int epochs = 3, workers = 0;
   int64_t batch_size = 100;
   double lr = 0.01, momentum = 0.9;
@@ -76,18 +78,43 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, const std::vec
   return std::make_shared<optim::AdamW>(params, o);
 }
 
-// The model is on its device already; each parallel mode will add its strategy here.
-std::shared_ptr<train::Strategy> make_strategy(train::ParallelMode mode) {
+// The devices the mode runs on: --device for single; for dp, --devices, else every
+// logical CUDA device, else (no GPU) two logical CPU devices.
+std::vector<Device> pick_devices(const Config& c, train::ParallelMode mode) {
+  if (mode == train::ParallelMode::Single) {
+    WEFT_CHECK(c.devices.empty(), "--devices is for --mode dp (use --device for one device)");
+    return {Device(c.device.empty() ? (cuda_available() ? "cuda" : "cpu") : c.device)};
+  }
+  WEFT_CHECK(c.device.empty(), "--mode ", c.mode, " takes --devices (a list such as cpu:0,cpu:1), not --device");
+  if (!c.devices.empty()) return parallel::parse_device_list(c.devices);
+  if (cuda_available()) {
+    std::vector<Device> all;
+    for (int i = 0; i < cuda_device_count(); ++i) all.push_back(Device::cuda(i));
+    return all;
+  }
+  std::cout << "weft-train: no GPU, so --mode dp runs on cpu:0,cpu:1 (choose with --devices)\n";
+  return {Device("cpu:0"), Device("cpu:1")};
+}
+
+// The model is on devices[0] already; each parallel mode adds its strategy here.
+std::shared_ptr<train::Strategy> make_strategy(train::ParallelMode mode, const std::vector<Device>& devices) {
   switch (mode) {
     case train::ParallelMode::Single: return std::make_shared<train::SingleDevice>();
+    case train::ParallelMode::DataParallel: return std::make_shared<train::DataParallelStrategy>(devices);
   }
   WEFT_FAIL("weft-train: no strategy for mode ", train::parallel_mode_name(mode));
 }
 
+std::string device_list(const std::vector<Device>& devices) {
+  std::string out;
+  for (Device d : devices) out += (out.empty() ? "" : ",") + d.str();
+  return out;
+}
+
 int run(const Config& c) {
   manual_seed(c.seed);
-  Device device(c.device.empty() ? (cuda_available() ? "cuda" : "cpu") : c.device);
   const train::ParallelMode mode = train::parse_parallel_mode(c.mode);
+  const std::vector<Device> devices = pick_devices(c, mode);
 
   std::shared_ptr<data::Dataset> train_set, test_set;
   if (c.data == "fashion-mnist") {
@@ -109,14 +136,15 @@ int run(const Config& c) {
   auto test_loader = std::make_shared<data::DataLoader>(test_set, test_options);
 
   std::shared_ptr<nn::Module> model = make_model(c.model);
-  model->to(device);
+  model->to(devices[0]);
   auto optimizer = make_optimizer(c, model->parameters());
   nn::CrossEntropyLoss criterion;
 
   train::TrainLoopOptions options;
-  options.strategy = make_strategy(mode);
+  options.strategy = make_strategy(mode, devices);
   options.checkpoint_path = c.checkpoint;
   options.progress = !c.no_progress;
+  options.trace_path = c.trace;
   train::TrainLoop loop(model, train_loader, nullptr, test_loader, optimizer,
                         [criterion](const Tensor& out, const Tensor& y) { return criterion(out, y); }, options);
   if (!c.resume.empty()) {
@@ -124,7 +152,8 @@ int run(const Config& c) {
     std::cout << "resumed from " << c.resume << " after epoch " << loop.epoch() << "\n";
   }
   std::cout << "weft-train: " << c.model << " on " << c.data << " (" << train_set->size() << " train, "
-            << test_set->size() << " test), " << device << ", " << c.optimizer << " lr " << c.lr << ", batch "
+            << test_set->size() << " test), " << (devices.size() > 1 ? c.mode + " over " : "") << device_list(devices)
+            << ", " << c.optimizer << " lr " << c.lr << ", batch "
             << c.batch_size << ", " << num_threads() << " CPU threads\n";
   std::vector<train::EpochResult> results = loop.fit(c.epochs);
 
@@ -138,7 +167,7 @@ int run(const Config& c) {
         << ",\n  \"images_per_second\": " << (seconds > 0 ? images / seconds : 0.0) << ",\n  \"epochs\": " << loop.epoch()
         << ",\n  \"world_size\": " << loop.strategy().world_size() << ",\n  \"mode\": \""
         << train::parallel_mode_name(mode) << "\",\n  \"device\": \""
-        << device << "\",\n  \"framework\": \"weft\",\n  \"threads\": " << num_threads() << "\n}\n";
+        << device_list(devices) << "\",\n  \"framework\": \"weft\",\n  \"threads\": " << num_threads() << "\n}\n";
     WEFT_CHECK(out.good(), "weft-train: cannot write metrics to '", c.metrics_json, "'");
   }
   return 0;
@@ -153,7 +182,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", c.data, "fashion-mnist or synthetic")->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
   app.add_option("--data-dir", c.data_dir, "where the Fashion-MNIST IDX files are");
   app.add_option("--device", c.device, "cpu, cpu:N, cuda or cuda:N (default: cuda when available, else cpu)");
-  app.add_option("--mode", c.mode, "single (dp, ddp and pipeline come with the parallel layer)");
+  app.add_option("--mode", c.mode, "single or dp (ddp and pipeline come with the rest of the parallel layer)");
+  app.add_option("--devices", c.devices,
+                 "--mode dp: the devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1)");
   app.add_option("--epochs", c.epochs, "epochs to train (in total, when resuming)")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", c.batch_size, "samples per batch")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
@@ -166,6 +197,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", c.checkpoint, "save a checkpoint here after every epoch");
   app.add_option("--resume", c.resume, "resume from this checkpoint");
   app.add_option("--metrics-json", c.metrics_json, "write the final metrics here");
+  app.add_option("--trace", c.trace,
+                 "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the run here: a row per device, "
+                 "spans for each step's phases");
   app.add_flag("--no-progress", c.no_progress, "no per-step progress, only a line per epoch");
   CLI11_PARSE(app, argc, argv);
   try {

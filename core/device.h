@@ -45,6 +45,9 @@ std::ostream& operator<<(std::ostream& out, Device device);
 // Whether CUDA devices can be used: a CUDA backend is built in and found a GPU. Never
 // throws; a machine without a driver simply answers false.
 bool cuda_available();
+// Logical CUDA devices (cuda:0 .. cuda:N-1; WEFT_VIRTUAL_DEVICES can make several per
+// GPU); 0 when cuda_available() is false.
+int cuda_device_count();
 // Why cuda_available() is false ("" when it is true): no CUDA backend built, no driver,
 // no GPU, a malformed WEFT_VIRTUAL_DEVICES.
 const std::string& cuda_unavailable_reason();

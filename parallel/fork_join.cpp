@@ -16,6 +16,7 @@ std::vector<std::exception_ptr> fork_join(const std::vector<std::function<void()
   if (n == 0) return errors;
   const ThreadState parent = ThreadState::capture();
   const int cpu_share = std::max(1, num_threads() / static_cast<int>(n));
+  release_idle_cpu_threads();  // the caller's OpenMP workers would spin on the cores the tasks need
   std::vector<uint64_t> reached(n, parent.next_sequence_nr);
   {
     std::vector<std::jthread> threads;

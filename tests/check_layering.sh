@@ -69,6 +69,7 @@ if [ -n "$build" ]; then
     [nn/optim]="core kernels kernels/cpu nn nn/models nn/optim"
     [data]="core kernels kernels/cpu data"
     [parallel]="core kernels kernels/cpu nn nn/models nn/optim data parallel"
+    [train]="core kernels kernels/cpu nn nn/models nn/optim data parallel train"
   )
   for layer in "${!below[@]}"; do
     [ -d "$objects/$layer" ] || continue

@@ -30,4 +30,27 @@ expect_failure "dataset-fashion-mnist" --data-dir "$dir/nowhere" --epochs 1
 expect_failure "invalid device 'gpu'" --data synthetic --device gpu
 expect_failure "not a safetensors file" --data synthetic --model mlp --resume "$dir/metrics.json"
 expect_failure "'ddp' is not implemented yet" --data synthetic --mode ddp
-echo "weft-train: resume is byte-identical; metrics and errors as expected"
+expect_failure "devices must all be CPU devices or all CUDA devices, got cpu:0 and cuda:0" --data synthetic --mode dp --devices cpu:0,cuda:0
+expect_failure "device cpu:1 is given twice" --data synthetic --mode dp --devices cpu:1,cpu:1
+expect_failure "--mode dp takes --devices" --data synthetic --mode dp --device cpu:0
+expect_failure "--devices is for --mode dp" --data synthetic --devices cpu:0,cpu:1
+expect_failure "$dir/nowhere/t.json" --data synthetic --trace "$dir/nowhere/t.json"
+
+# --mode dp reaches the single-device accuracy at the same total batch (one epoch of the
+# MLP: real data when it is installed, else the synthetic set).
+data=(--data synthetic)
+[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && data=(--data fashion-mnist)
+mlp=("${data[@]}" --model mlp --epochs 1 --batch-size 100 --seed 1 --no-progress)
+"$train" "${mlp[@]}" --device cpu --metrics-json "$dir/single.json" > /dev/null
+"$train" "${mlp[@]}" --mode dp --devices cpu:0,cpu:1 --metrics-json "$dir/dp.json" --trace "$dir/dp.trace.json" > /dev/null
+grep -q '"name":"replicate"' "$dir/dp.trace.json" || { echo "FAIL: --trace wrote no replicate spans"; exit 1; }
+value() {  # value FILE KEY: a string's text or a number, from the flat metrics JSON
+  sed -n -e "s/.*\"$2\": \"\([^\"]*\)\".*/\1/p" -e "t" -e "s/.*\"$2\": \([^,]*\),\{0,1\}$/\1/p" "$1"
+}
+[ "$(value "$dir/dp.json" mode)" = dp ] || { echo "FAIL: dp metrics say mode $(value "$dir/dp.json" mode)"; exit 1; }
+[ "$(value "$dir/dp.json" world_size)" = 2 ] || { echo "FAIL: dp metrics say world_size $(value "$dir/dp.json" world_size)"; exit 1; }
+[ "$(value "$dir/dp.json" device)" = "cpu:0,cpu:1" ] || { echo "FAIL: dp metrics say device $(value "$dir/dp.json" device)"; exit 1; }
+single_accuracy=$(value "$dir/single.json" test_accuracy) dp_accuracy=$(value "$dir/dp.json" test_accuracy)
+awk -v a="$single_accuracy" -v b="$dp_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' ||
+  { echo "FAIL: dp test accuracy $dp_accuracy is not within 0.01 of the single-device $single_accuracy"; exit 1; }
+echo "weft-train: resume is byte-identical; metrics and errors as expected; dp accuracy $dp_accuracy vs single $single_accuracy (${data[*]})"

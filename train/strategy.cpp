@@ -2,12 +2,14 @@
 #include "train/strategy.h"
 
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace weft::train {
 
 ParallelMode parse_parallel_mode(const std::string& name) {
   if (name == "single") return ParallelMode::Single;
-  WEFT_CHECK(name != "dp" && name != "ddp" && name != "pipeline", "parallel mode '", name,
+  if (name == "dp") return ParallelMode::DataParallel;
+  WEFT_CHECK(name != "ddp" && name != "pipeline", "parallel mode '", name,
              "' is not implemented yet (the parallel layer adds it); use single");
   WEFT_FAIL("unknown parallel mode '", name, "' (expected single, dp, ddp or pipeline)");
 }
@@ -15,15 +17,25 @@ ParallelMode parse_parallel_mode(const std::string& name) {
 const char* parallel_mode_name(ParallelMode mode) {
   switch (mode) {
     case ParallelMode::Single: return "single";
+    case ParallelMode::DataParallel: return "dp";
   }
   return "unknown";
 }
 
 Tensor Strategy::train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,
                             optim::Optimizer& optimizer) {
+  const Device device = input_device();
   optimizer.zero_grad();
-  Tensor loss = criterion(model.forward(batch.data), batch.target);
-  loss.backward();
+  Tensor loss;
+  {
+    TraceSpan span("forward", device);
+    loss = criterion(model.forward(batch.data), batch.target);
+  }
+  {
+    TraceSpan span("backward", device);
+    loss.backward();
+  }
+  TraceSpan span("optimizer step", device);
   optimizer.step();
   return loss;
 }

@@ -9,7 +9,8 @@
 // saves checkpoints. train_epoch, evaluate and save_checkpoint are the same for every
 // mode; each parallel mode adds one Strategy next to this file.
 //
-// SingleDevice is the only strategy so far: the model runs where it lives.
+// SingleDevice (below): the model runs where it lives. DataParallelStrategy
+// (train/data_parallel_strategy.h): one process, the batch split across devices.
 #pragma once
 
 #include <memory>
@@ -26,8 +27,8 @@
 namespace weft::train {
 
 // weft-train's --mode and the metrics' "mode" (PyTorch's TrainLoop calls it gpu_mode).
-enum class ParallelMode { Single };
-// "single"; "dp", "ddp" and "pipeline" are refused until the parallel layer adds them.
+enum class ParallelMode { Single, DataParallel };
+// "single", "dp"; "ddp" and "pipeline" are refused until the parallel layer adds them.
 ParallelMode parse_parallel_mode(const std::string& name);
 const char* parallel_mode_name(ParallelMode mode);
 

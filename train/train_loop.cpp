@@ -12,6 +12,7 @@
 
 #include "core/autograd.h"
 #include "core/generator.h"
+#include "core/trace.h"
 #include "data/device_prefetcher.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
@@ -60,6 +61,8 @@ EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
   auto start = std::chrono::steady_clock::now();
   // Batches reach the device one ahead: on a GPU the next upload overlaps this step.
   for (const data::Batch& batch : data::DevicePrefetcher(*train_loader_, device)) {
+    TraceSpan span("train step", device);
+    span.arg("step", step);
     for (auto& cb : callbacks_) cb->on_batch_begin(*this, step);
     Tensor loss = strategy_->train_step(*runner_, batch, criterion_, *optimizer_);
     for (auto& cb : callbacks_) cb->on_after_optimizer_step(*this, step);
@@ -91,6 +94,17 @@ EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
 
 std::vector<EpochResult> TrainLoop::fit(int epochs) {
   std::ostream& log = log_stream(options_, *strategy_);
+  const bool tracing = !options_.trace_path.empty();
+  if (tracing) {
+    trace::check_writable(options_.trace_path);  // before the work, not after it
+    trace::start();
+  }
+  struct StopTracing {  // a fit() that throws still ends its recording
+    bool on;
+    ~StopTracing() {
+      if (on) trace::stop();
+    }
+  } stop_tracing{tracing};
   std::vector<EpochResult> results;
   while (epoch_ < epochs) {
     int epoch = epoch_ + 1;
@@ -108,6 +122,7 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
     for (auto& cb : callbacks_) cb->on_epoch_end(*this, result);
     results.push_back(result);
   }
+  if (tracing) trace::write(options_.trace_path);
   return results;
 }
 
@@ -116,6 +131,7 @@ Evaluation TrainLoop::evaluate(data::DataLoader& loader) {
   bool was_training = runner_->is_training();
   runner_->eval();
   const Device device = strategy_->input_device();
+  TraceSpan span("evaluate", device);
   // Summed on the device and read once at the end: no host synchronisation per batch.
   Tensor loss_sum = zeros({}, TensorOptions(DType::Float64, device));
   Tensor correct = zeros({}, TensorOptions(DType::Int64, device));
@@ -211,6 +227,7 @@ std::vector<GeneratorState> read_generator_states(const std::map<std::string, st
 }  // namespace
 
 void TrainLoop::save_checkpoint(const std::string& path) const {
+  TraceSpan span("checkpoint", strategy_->input_device());
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, t] : model_->state_dict()) tensors.emplace_back("model." + name, t);
   optim::OptimizerState state = optimizer_->state_dict();

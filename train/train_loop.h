@@ -58,6 +58,10 @@ struct TrainLoopOptions {
   std::string checkpoint_path;  // written after every epoch when not empty (by the main process)
   bool progress = true;         // per-step progress: a bar on a terminal, plain lines otherwise
   std::ostream* log = nullptr;  // where progress and epoch lines go (default std::cout)
+  // fit() records a Chrome trace of its steps (core/trace.h: one row per device, spans for
+  // each step's forward, backward and optimizer step, DataParallel's scatter, replicate,
+  // per-replica forward and gather, evaluation, checkpoints) and writes it here at the end.
+  std::string trace_path;
 };
 
 class TrainLoop {

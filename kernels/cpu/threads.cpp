@@ -28,6 +28,14 @@ void set_num_threads(int threads) {
 #endif
 }
 
+void release_idle_cpu_threads() {
+#ifdef _OPENMP
+  // OpenMP 5.0's omp_pause_resource_all (libgomp has it since GCC 9): a soft pause ends
+  // the calling thread's pool of workers.
+  if (!omp_in_parallel()) omp_pause_resource_all(omp_pause_soft);
+#endif
+}
+
 CpuThreadBudget::CpuThreadBudget(int threads) : previous_(num_threads()) { set_num_threads(std::max(1, threads)); }
 
 CpuThreadBudget::~CpuThreadBudget() { set_num_threads(previous_); }

@@ -15,6 +15,13 @@ int num_threads();
 // Sets it for this thread; at least 1.
 void set_num_threads(int threads);
 
+// Ends this thread's idle OpenMP workers. After a parallel region they spin-wait for the
+// next one (libgomp spins for milliseconds by default), which takes cores from threads
+// about to start work of their own: fork_join calls this before it starts its tasks. The
+// next parallel region on this thread starts its workers again (tens of microseconds).
+// Does nothing inside a parallel region.
+void release_idle_cpu_threads();
+
 // For its lifetime, the CPU kernels called from this thread use at most `threads` threads.
 class CpuThreadBudget {
  public:

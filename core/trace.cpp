@@ -1,0 +1,411 @@
+// The trace recorder behind core/trace.h: per-thread buffers, and the Chrome JSON writer.
+//
+// Each thread that records appends to a buffer of its own, so spans on DataParallel's
+// workers never wait for each other; the buffer's mutex is otherwise taken only by the
+// writer. Buffers belong to the recorder, not to their threads, so the spans of a worker
+// that has finished are still written; a thread's exit marks its buffer retired and the
+// next start() drops it. Every event carries the number of the recording it belongs to:
+// a span that began in one recording and ends in another, or an append that races with
+// start(), is filtered out by that number instead of needing a lock on the hot path.
+//
+// Lanes are resolved only when the JSON is written: the events hold (device, stream
+// handle) and the writer asks the device's backend which handle is its default stream.
+#include "core/trace.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+
+namespace weft::trace {
+
+namespace detail {
+
+std::atomic<uint32_t> recording{0};
+
+struct OpenSpan {
+  uint32_t recording;
+  std::string name;
+  std::string args;  // rendered JSON members: "key":value,...
+  Device device;
+  void* stream;
+  int64_t begin_ns;
+};
+
+}  // namespace detail
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+enum class Kind : uint8_t { Span, Instant, Counter };
+
+struct Event {
+  Kind kind;
+  uint32_t recording;
+  int thread = 0;  // the recording thread's number, set when appended
+  Device device;
+  void* stream;  // unused by counters
+  int64_t begin_ns;
+  int64_t end_ns;      // begin_ns for instants and counters
+  double value = 0;    // counters
+  std::string name;
+  std::string args;
+};
+
+struct ThreadBuffer {
+  std::mutex mutex;
+  std::vector<Event> events;
+  int thread = 0;
+  bool retired = false;
+};
+
+// Devices have no order of their own; lanes and rows sort by (type, index, handle).
+using DeviceKey = std::pair<int, int>;
+DeviceKey key_of(Device d) { return {static_cast<int>(d.type), d.index}; }
+using LaneKey = std::pair<DeviceKey, uintptr_t>;
+LaneKey key_of(Device d, void* stream) { return {key_of(d), reinterpret_cast<uintptr_t>(stream)}; }
+
+struct Recorder {
+  std::mutex mutex;  // guards the members; taken by start/stop/json and a thread's first record
+  std::vector<std::shared_ptr<ThreadBuffer>> buffers;
+  uint32_t last = 0;     // the number of the last recording started
+  int64_t epoch_ns = 0;  // when it started
+  int next_thread = 0;
+  std::map<LaneKey, std::string> lane_names;
+};
+
+// Never destroyed: threads may record, and thread-locals retire buffers, during exit.
+Recorder& recorder() {
+  static Recorder* r = new Recorder;
+  return *r;
+}
+
+struct BufferHolder {
+  std::shared_ptr<ThreadBuffer> buffer;
+  ~BufferHolder() {
+    if (!buffer) return;
+    std::lock_guard lock(buffer->mutex);
+    buffer->retired = true;
+  }
+};
+thread_local BufferHolder this_thread_buffer;
+
+void append(Event event) {
+  if (!this_thread_buffer.buffer) {
+    auto buffer = std::make_shared<ThreadBuffer>();
+    Recorder& r = recorder();
+    std::lock_guard lock(r.mutex);
+    buffer->thread = r.next_thread++;
+    r.buffers.push_back(buffer);
+    this_thread_buffer.buffer = std::move(buffer);
+  }
+  ThreadBuffer& buffer = *this_thread_buffer.buffer;
+  event.thread = buffer.thread;
+  std::lock_guard lock(buffer.mutex);
+  buffer.events.push_back(std::move(event));
+}
+
+void append_json_string(std::string& out, std::string_view text) {
+  out += '"';
+  for (char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char code[8];
+          std::snprintf(code, sizeof code, "\\u%04x", static_cast<unsigned>(c));
+          out += code;
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+
+void append_member_key(std::string& args, std::string_view key) {
+  if (!args.empty()) args += ',';
+  append_json_string(args, key);
+  args += ':';
+}
+
+// Microseconds with nanosecond digits: Chrome's unit, without float rounding.
+void append_us(std::string& out, int64_t ns) {
+  out += std::to_string(ns / 1000);
+  out += '.';
+  const std::string frac = std::to_string(ns % 1000);
+  out.append(3 - frac.size(), '0');
+  out += frac;
+}
+
+void append_double(std::string& out, double value) {
+  if (!std::isfinite(value)) {
+    out += "null";  // JSON has no NaN or infinity
+    return;
+  }
+  char digits[32];
+  auto [end, ec] = std::to_chars(digits, digits + sizeof digits, value);
+  out.append(digits, end);
+}
+
+// Chrome's process ids: one per device, in the order the rows are shown.
+int pid_of(Device d) { return 1 + static_cast<int>(d.type) * 1000 + d.index; }
+
+struct Lane {
+  int tid;
+  std::string name;
+};
+
+std::string errno_text(int error) { return std::strerror(error); }
+
+std::string temporary_path(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
+
+// Creates the temporary file write() would create (caller closes and unlinks it).
+int create_temporary(const std::string& path, const std::string& tmp, const char* what) {
+  WEFT_CHECK(!path.empty(), what, ": the trace file path is empty");
+  std::error_code ec;
+  WEFT_CHECK(!std::filesystem::is_directory(path, ec), what, ": cannot write the trace to '", path,
+             "': it is a directory");
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  WEFT_CHECK(fd >= 0, what, ": cannot write the trace to '", path, "' (creating '", tmp, "'): ", errno_text(errno));
+  return fd;
+}
+
+}  // namespace
+
+namespace detail {
+
+OpenSpan* open_span(uint32_t recording, std::string_view name, const Stream& stream) {
+  auto* span = new OpenSpan{recording, std::string(name), {}, stream.device(), stream.handle(), 0};
+  span->begin_ns = now_ns();  // last, so that the allocation is outside the span
+  return span;
+}
+
+OpenSpan* open_span(uint32_t recording, std::string_view name, Device device) {
+  return open_span(recording, name, current_stream(device));
+}
+
+void add_arg(OpenSpan* span, std::string_view key, int64_t value) {
+  append_member_key(span->args, key);
+  span->args += std::to_string(value);
+}
+
+void add_arg(OpenSpan* span, std::string_view key, std::string_view value) {
+  append_member_key(span->args, key);
+  append_json_string(span->args, value);
+}
+
+void close_span(OpenSpan* span) noexcept {
+  const int64_t end_ns = now_ns();
+  std::unique_ptr<OpenSpan> owned(span);
+  if (recording.load(std::memory_order_relaxed) != span->recording) return;  // stopped, or another recording
+  try {
+    append(Event{Kind::Span, span->recording, 0, span->device, span->stream, span->begin_ns, end_ns, 0,
+                 std::move(span->name), std::move(span->args)});
+  } catch (...) {
+    // Out of memory while tracing: this span is lost; a destructor does not throw.
+  }
+}
+
+void record_instant(uint32_t recording, std::string_view name, Device device) {
+  const Stream stream = current_stream(device);
+  const int64_t t = now_ns();
+  append(Event{Kind::Instant, recording, 0, device, stream.handle(), t, t, 0, std::string(name), {}});
+}
+
+void record_counter(uint32_t recording, std::string_view name, Device device, double value) {
+  const int64_t t = now_ns();
+  append(Event{Kind::Counter, recording, 0, device, nullptr, t, t, value, std::string(name), {}});
+}
+
+}  // namespace detail
+
+void start() {
+  Recorder& r = recorder();
+  std::lock_guard lock(r.mutex);
+  WEFT_CHECK(detail::recording.load(std::memory_order_relaxed) == 0,
+             "trace::start: a recording is already running; call trace::stop() or trace::write() first");
+  std::erase_if(r.buffers, [](const std::shared_ptr<ThreadBuffer>& buffer) {
+    std::lock_guard buffer_lock(buffer->mutex);
+    std::vector<Event>().swap(buffer->events);
+    return buffer->retired;
+  });
+  r.last = r.last + 1 == 0 ? 1 : r.last + 1;  // 0 means "off"
+  r.epoch_ns = now_ns();
+  detail::recording.store(r.last, std::memory_order_release);
+}
+
+void stop() {
+  Recorder& r = recorder();
+  std::lock_guard lock(r.mutex);
+  detail::recording.store(0, std::memory_order_release);
+}
+
+void name_lane(const Stream& stream, std::string name) {
+  Recorder& r = recorder();
+  std::lock_guard lock(r.mutex);
+  r.lane_names[key_of(stream.device(), stream.handle())] = std::move(name);
+}
+
+std::string json() {
+  std::vector<Event> events;
+  int64_t epoch_ns;
+  std::map<LaneKey, std::string> lane_names;
+  {
+    Recorder& r = recorder();
+    std::lock_guard lock(r.mutex);
+    epoch_ns = r.epoch_ns;
+    lane_names = r.lane_names;
+    for (const auto& buffer : r.buffers) {
+      std::lock_guard buffer_lock(buffer->mutex);
+      for (const Event& e : buffer->events)
+        if (e.recording == r.last) events.push_back(e);
+    }
+  }
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    // Outer spans before the spans they contain: by start, then longest first.
+    return std::tuple(key_of(a.device), a.begin_ns, b.end_ns) < std::tuple(key_of(b.device), b.begin_ns, a.end_ns);
+  });
+
+  // Rows and lanes. Events are sorted by start, so "others" are numbered by first use.
+  std::map<DeviceKey, Device> devices;
+  std::map<LaneKey, Lane> lanes;
+  std::map<DeviceKey, int> others;  // streams other than the default and upload ones, per device
+  for (const Event& e : events) {
+    devices.emplace(key_of(e.device), e.device);
+    if (e.kind == Kind::Counter) continue;
+    const LaneKey key = key_of(e.device, e.stream);
+    if (lanes.count(key)) continue;
+    Lane lane;
+    const auto named = lane_names.find(key);
+    // Asked only for devices that have spans, so their backends are already started.
+    // (On CUDA, the first upload_stream() call makes that stream: a trace with an unnamed
+    // stream lane, of a program that never used the upload stream, creates it here.)
+    if (e.stream == default_stream(e.device).handle()) {
+      lane = {1, "default stream"};
+    } else if (named == lane_names.end() && e.stream == upload_stream(e.device).handle()) {
+      lane = {2, "upload stream"};
+    } else {
+      const int k = ++others[key_of(e.device)];
+      lane = {2 + k, "stream " + std::to_string(k)};
+    }
+    if (named != lane_names.end()) lane.name = named->second;
+    lanes.emplace(key, lane);
+  }
+
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"clock\":"
+                    "\"host steady_clock; ts and dur in microseconds since trace::start()\"},\n\"traceEvents\":[";
+  bool first = true;
+  auto begin_event = [&](std::string_view ph, std::string_view name, int pid, int tid) {
+    out += first ? "\n" : ",\n";
+    first = false;
+    out += "{\"ph\":\"";
+    out += ph;
+    out += "\",\"name\":";
+    append_json_string(out, name);
+    out += ",\"pid\":" + std::to_string(pid) + ",\"tid\":" + std::to_string(tid);
+  };
+  for (const auto& [key, device] : devices) {
+    const int pid = pid_of(device);
+    begin_event("M", "process_name", pid, 0);
+    out += ",\"args\":{\"name\":";
+    append_json_string(out, device.str());
+    out += "}}";
+    begin_event("M", "process_sort_index", pid, 0);
+    out += ",\"args\":{\"sort_index\":" + std::to_string(pid) + "}}";
+  }
+  for (const auto& [key, lane] : lanes) {
+    const int pid = pid_of(devices.at(key.first));
+    begin_event("M", "thread_name", pid, lane.tid);
+    out += ",\"args\":{\"name\":";
+    append_json_string(out, lane.name);
+    out += "}}";
+    begin_event("M", "thread_sort_index", pid, lane.tid);
+    out += ",\"args\":{\"sort_index\":" + std::to_string(lane.tid) + "}}";
+  }
+  for (const Event& e : events) {
+    const int pid = pid_of(e.device);
+    const int64_t ts = std::max<int64_t>(0, e.begin_ns - epoch_ns);
+    if (e.kind == Kind::Counter) {
+      begin_event("C", e.name, pid, 0);
+      out += ",\"ts\":";
+      append_us(out, ts);
+      out += ",\"args\":{\"value\":";
+      append_double(out, e.value);
+      out += "}}";
+      continue;
+    }
+    begin_event(e.kind == Kind::Span ? "X" : "i", e.name, pid, lanes.at(key_of(e.device, e.stream)).tid);
+    out += ",\"ts\":";
+    append_us(out, ts);
+    if (e.kind == Kind::Span) {
+      out += ",\"dur\":";
+      append_us(out, std::max<int64_t>(0, e.end_ns - e.begin_ns));
+    } else {
+      out += ",\"s\":\"t\"";  // an instant on its lane
+    }
+    out += ",\"args\":{\"thread\":" + std::to_string(e.thread);
+    if (!e.args.empty()) out += "," + e.args;
+    out += "}}";
+  }
+  out += "\n]}\n";
+  return out;
+}
+
+void check_writable(const std::string& path) {
+  const std::string tmp = temporary_path(path);
+  const int fd = create_temporary(path, tmp, "trace::check_writable");
+  ::close(fd);
+  ::unlink(tmp.c_str());
+}
+
+void write(const std::string& path) {
+  stop();
+  const std::string text = json();
+  const std::string tmp = temporary_path(path);
+  int fd = create_temporary(path, tmp, "trace::write");
+  try {
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      WEFT_CHECK(n > 0, "trace::write: cannot write the trace to '", path, "' (writing '", tmp,
+                 "'): ", errno_text(errno));
+      done += static_cast<size_t>(n);
+    }
+    const int closed = ::close(fd);
+    fd = -1;
+    WEFT_CHECK(closed == 0, "trace::write: cannot write the trace to '", path, "' (closing '", tmp,
+               "'): ", errno_text(errno));
+    WEFT_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "trace::write: cannot write the trace to '", path,
+               "' (renaming '", tmp, "' over it): ", errno_text(errno));
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+}
+
+}  // namespace weft::trace

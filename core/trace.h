@@ -1,0 +1,142 @@
+// A process-wide recorder of what ran where and when, written as a Chrome trace.
+//
+// People who study parallel training want to see the schedule: which device scattered,
+// replicated, ran forward and backward, when DDP's bucket all-reduces ran beside
+// backward, how a pipeline's micro-batches interleave. Code marks that work with spans
+// (TraceSpan), and trace::write() saves them in the Trace Event Format (JSON), which
+// chrome://tracing and https://ui.perfetto.dev open: one row ("process") per device,
+// named "cpu:1", "cuda:0", ordered cpu:0, cpu:1, ..., cuda:0, ...; within it one lane
+// ("thread") per stream: "default stream", "upload stream", a name given with
+// trace::name_lane(), or "stream <k>" (the k-th other stream seen on that device).
+//
+//   trace::start();
+//   { TraceSpan span("forward", device); ... }          // the device's current stream
+//   { TraceSpan span("all_reduce", comm_stream); span.arg("bytes", n); ... }
+//   trace::write("run.trace.json");                     // stops, then writes the file
+//
+// Cost when off (the default): a span, an instant or a counter is one relaxed atomic
+// load and a branch, and a span's destructor one more branch on its own pointer: no
+// allocation, no lock, no clock read. Instrumenting hot paths is therefore free for
+// runs that do not trace. When on, a span allocates its record, reads the clock twice
+// and appends to a buffer of its own thread (a mutex that only the writer also takes),
+// so spans from many threads at once (DataParallel's workers) do not contend. Every span
+// of a recording is kept in memory until write(): trace a few steps, not a whole run.
+//
+// What the times mean: host time (std::chrono::steady_clock), in microseconds since
+// trace::start(), at which the span's code began and ended on the host thread that ran
+// it. On a CPU device that is when the work ran. On a GPU it is when the work was
+// *issued*: kernel launches return at once, so a "forward" span on cuda:1 shows the host
+// enqueueing the kernels, which may run later (Stream::synchronize() or an Event inside
+// the span makes the span cover the GPU work too, at the cost of the overlap). Each span
+// carries the host thread that ran it as its "thread" argument.
+//
+// Spans on one lane should nest, as they do when one host thread at a time issues work
+// to a stream (the viewers draw a lane as a stack of properly nested slices). A span is
+// recorded when it ends while its recording is still running: spans still open at
+// trace::stop() are not written.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/device.h"
+#include "core/stream.h"
+
+namespace weft {
+
+namespace trace {
+
+namespace detail {
+
+// The number of the recording in progress, 0 when none is: the one load on the off path.
+extern std::atomic<uint32_t> recording;
+
+struct OpenSpan;
+OpenSpan* open_span(uint32_t recording, std::string_view name, const Stream& stream);
+OpenSpan* open_span(uint32_t recording, std::string_view name, Device device);
+void add_arg(OpenSpan* span, std::string_view key, int64_t value);
+void add_arg(OpenSpan* span, std::string_view key, std::string_view value);
+void close_span(OpenSpan* span) noexcept;
+void record_instant(uint32_t recording, std::string_view name, Device device);
+void record_counter(uint32_t recording, std::string_view name, Device device, double value);
+
+}  // namespace detail
+
+// Whether a recording is running.
+inline bool enabled() noexcept { return detail::recording.load(std::memory_order_relaxed) != 0; }
+
+// Starts a new recording (times count from now) and discards the previous one. Throws
+// if one is already running.
+void start();
+// Stops the recording; what it holds stays until the next start(). Does nothing when
+// none is running.
+void stop();
+// Stops the recording and writes it to `path` as Chrome trace JSON, atomically: into a
+// temporary file in the same directory, renamed over `path` once complete. Throws
+// weft::Error naming the path when it cannot be written; the recording is kept, so
+// write() can be called again with another path.
+void write(const std::string& path);
+// The last recording as the JSON that write() would save (stop() it first).
+std::string json();
+// Throws the error write(path) would throw for an unwritable directory; lets a program
+// check a --trace argument before it starts the work. Leaves nothing behind.
+void check_writable(const std::string& path);
+
+// Names the lane of `stream` in traces ("communication", "stage 2 sends"); lanes of
+// streams without a name are called "default stream", "upload stream" or "stream <k>".
+// Streams live as long as the process (core/stream.h), and so do these names.
+void name_lane(const Stream& stream, std::string name);
+
+// A point in time on the lane of the device's current stream ("bucket 3 ready").
+inline void instant(std::string_view name, Device device) {
+  if (uint32_t r = detail::recording.load(std::memory_order_relaxed)) [[unlikely]]
+    detail::record_instant(r, name, device);
+}
+// A value over time, drawn as a graph on the device's row ("bytes in use").
+inline void counter(std::string_view name, Device device, double value) {
+  if (uint32_t r = detail::recording.load(std::memory_order_relaxed)) [[unlikely]]
+    detail::record_counter(r, name, device, value);
+}
+
+}  // namespace trace
+
+// Marks the work done in its scope: begins where it is constructed, ends where it is
+// destroyed. Neither copyable nor movable: a span is a scope.
+class TraceSpan {
+ public:
+  // On the lane of the device's current stream on this thread (core/stream.h).
+  TraceSpan(std::string_view name, Device device) {
+    if (uint32_t r = trace::detail::recording.load(std::memory_order_relaxed)) [[unlikely]]
+      open_ = trace::detail::open_span(r, name, device);
+  }
+  // On the lane of `stream` (a communication stream, a pipeline's send stream).
+  TraceSpan(std::string_view name, const Stream& stream) {
+    if (uint32_t r = trace::detail::recording.load(std::memory_order_relaxed)) [[unlikely]]
+      open_ = trace::detail::open_span(r, name, stream);
+  }
+  ~TraceSpan() {
+    if (open_) [[unlikely]]
+      trace::detail::close_span(open_);
+  }
+  TraceSpan(const TraceSpan&) = delete;
+  TraceSpan& operator=(const TraceSpan&) = delete;
+
+  // A key/value shown with the span ("micro_batch", 3; "bytes", n); free when off.
+  TraceSpan& arg(std::string_view key, int64_t value) {
+    if (open_) [[unlikely]]
+      trace::detail::add_arg(open_, key, value);
+    return *this;
+  }
+  TraceSpan& arg(std::string_view key, std::string_view value) {
+    if (open_) [[unlikely]]
+      trace::detail::add_arg(open_, key, value);
+    return *this;
+  }
+
+ private:
+  trace::detail::OpenSpan* open_ = nullptr;
+};
+
+}  // namespace weft
