@@ -114,6 +114,14 @@ std::string device_list(const std::vector<Device>& devices) {
 int run(const Config& c) {
   manual_seed(c.seed);
   const train::ParallelMode mode = train::parse_parallel_mode(c.mode);
+  // Started as one rank of several (weft-run, torchrun, srun, mpirun): every mode so far runs
+  // in one process, so more than one rank would train the same model side by side.
+  if (parallel::launched_as_rank()) {
+    const parallel::LaunchEnv launch = parallel::read_launch_env();
+    WEFT_CHECK(launch.world_size == 1, "weft-train was started as ", launch.describe(), "; --mode ",
+               train::parallel_mode_name(mode), " runs in one process (--mode ddp, which trains across processes, "
+               "comes with DistributedDataParallel)");
+  }
   const std::vector<Device> devices = pick_devices(c, mode);
 
   std::shared_ptr<data::Dataset> train_set, test_set;

@@ -48,6 +48,8 @@ bool cuda_available();
 // Logical CUDA devices (cuda:0 .. cuda:N-1; WEFT_VIRTUAL_DEVICES can make several per
 // GPU); 0 when cuda_available() is false.
 int cuda_device_count();
+// Physical GPUs behind them; 0 when cuda_available() is false.
+int cuda_physical_device_count();
 // Why cuda_available() is false ("" when it is true): no CUDA backend built, no driver,
 // no GPU, a malformed WEFT_VIRTUAL_DEVICES.
 const std::string& cuda_unavailable_reason();

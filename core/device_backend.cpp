@@ -109,6 +109,9 @@ DeviceBackend& device_backend(Device device) {
 bool cuda_available() { return device_backend_status(DeviceType::CUDA).empty(); }
 
 int cuda_device_count() { return cuda_available() ? device_backend(Device::cuda()).device_count() : 0; }
+int cuda_physical_device_count() {
+  return cuda_available() ? device_backend(Device::cuda()).physical_device_count() : 0;
+}
 
 const std::string& cuda_unavailable_reason() { return device_backend_status(DeviceType::CUDA); }
 

@@ -31,8 +31,9 @@ class DeviceBackend {
   // Called once, before anything else: "" when the devices can be used, else why not
   // (no driver, no GPU, ...). Must not throw.
   virtual std::string start() = 0;
-  // Logical devices of this type.
+  // Logical devices of this type, and the physical ones behind them.
   virtual int device_count() = 0;
+  virtual int physical_device_count() { return device_count(); }
 
   virtual Allocator& allocator(Device device) = 0;
   // Page-locked host memory that this backend copies from asynchronously (none: nullptr).

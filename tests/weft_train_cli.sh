@@ -35,6 +35,7 @@ expect_failure "device cpu:1 is given twice" --data synthetic --mode dp --device
 expect_failure "--mode dp takes --devices" --data synthetic --mode dp --device cpu:0
 expect_failure "--devices is for --mode dp" --data synthetic --devices cpu:0,cpu:1
 expect_failure "$dir/nowhere/t.json" --data synthetic --trace "$dir/nowhere/t.json"
+RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 expect_failure "was started as rank 1 of 2" --data synthetic
 
 # --mode dp reaches the single-device accuracy at the same total batch (one epoch of the
 # MLP: real data when it is installed, else the synthetic set).

@@ -40,6 +40,7 @@ class CudaBackend final : public DeviceBackend {
     return "";
   }
   int device_count() override { return cuda::device_count(); }
+  int physical_device_count() override { return cuda::physical_device_count(); }
 
   Allocator& allocator(Device device) override { return caching_allocator(device); }
   Allocator* pinned_allocator() override { return &pinned_host_allocator(); }

@@ -1,0 +1,252 @@
+// weft-run: weft's process launcher, torchrun's non-elastic part. Starts N worker
+// processes of PROGRAM with the environment torchrun gives its workers (RANK, WORLD_SIZE,
+// LOCAL_RANK, MASTER_ADDR, ...), prefixes their output with their rank, and supervises
+// them: one failing stops the others, and the whole group is restarted up to
+// --max-restarts times.
+//
+//   weft-run --nproc-per-node 4 build/apps/weft-train --mode ddp ...
+//   weft-run --nproc-per-node 8 --nnodes 2 --node-rank 1 --master-addr node0 PROGRAM ARGS...
+//
+// Exit status: 0 when every rank exits 0; the failed rank's exit status (1-255), or 1
+// when it was killed by a signal; 128 + N after signal N (SIGINT: 130); 127 when PROGRAM
+// cannot be executed; 2 for bad arguments.
+//
+// This file is the command line and the environment; worker_group.h is the processes.
+#include <CLI/CLI.hpp>
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "worker_group.h"
+
+extern char** environ;
+
+namespace {
+
+using namespace weft::run;
+
+struct Config {
+  int nproc_per_node = 0, nnodes = 1, node_rank = 0, master_port = 29500, max_restarts = 0;
+  std::string master_addr = "127.0.0.1";
+  double grace_period = 5.0;
+  bool no_prefix = false;
+  std::vector<std::string> command;  // PROGRAM and its arguments
+};
+
+// Parses the command line into `c`; returns an exit code when weft-run must stop here
+// (0 after --help, 2 for bad arguments, with the message printed).
+std::optional<int> parse(int argc, char** argv, Config& c) {
+  CLI::App app{
+      "weft-run: start N worker processes of PROGRAM with torchrun's environment (RANK, WORLD_SIZE,\n"
+      "LOCAL_RANK, ...) and supervise them. Everything after PROGRAM is passed to it unchanged."};
+  app.name("weft-run");
+  app.prefix_command();  // the first positional argument is PROGRAM: parsing stops there
+  constexpr int kMaxRanks = 1 << 20;
+  app.add_option("--nproc-per-node,--nproc_per_node", c.nproc_per_node, "worker processes on this node (required)")
+      ->check(CLI::Range(1, kMaxRanks));
+  app.add_option("--nnodes", c.nnodes, "nodes in the job (1)")->check(CLI::Range(1, kMaxRanks));
+  app.add_option("--node-rank,--node_rank", c.node_rank, "this node's rank, 0 .. nnodes-1 (0)")
+      ->check(CLI::Range(0, kMaxRanks));
+  app.add_option("--master-addr,--master_addr", c.master_addr, "address of rank 0's node (127.0.0.1)");
+  app.add_option("--master-port,--master_port", c.master_port, "port for the rendezvous at rank 0 (29500)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--max-restarts,--max_restarts", c.max_restarts,
+                 "restart the whole group this many times after a failure (0)")
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--grace-period", c.grace_period, "seconds between SIGTERM and SIGKILL when stopping workers (5)")
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_flag("--no-prefix", c.no_prefix, "pass the workers' output through without the \"[rank R] \" prefix");
+  app.footer(
+      "PROGRAM and its arguments follow the options: weft-run [OPTIONS] [--] PROGRAM [ARGS...]\n"
+      "Exit status: 0 when every rank exits 0; the failed rank's status (1-255), or 1 when it was killed\n"
+      "by a signal; 128+N after signal N (SIGINT: 130); 127 when PROGRAM cannot be executed; 2 for bad\n"
+      "arguments.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  c.command = app.remaining();
+  auto bad = [](const std::string& message) {
+    say(message + " (see weft-run --help)");
+    return 2;
+  };
+  // Unknown options before PROGRAM end up in front of it (and stop the parsing there, so
+  // they are looked at before anything else); a "--" before PROGRAM stays too.
+  if (!c.command.empty() && c.command[0] == "--")
+    c.command.erase(c.command.begin());
+  else if (!c.command.empty() && c.command[0].size() > 1 && c.command[0][0] == '-')
+    return bad("unknown option " + c.command[0]);
+  if (c.nproc_per_node == 0) return bad("--nproc-per-node is required");
+  if (c.command.empty()) return bad("no PROGRAM to run");
+  if (c.node_rank >= c.nnodes)
+    return bad("--node-rank " + std::to_string(c.node_rank) + " is out of range for --nnodes " +
+               std::to_string(c.nnodes) + " (0.." + std::to_string(c.nnodes - 1) + ")");
+  if (static_cast<int64_t>(c.nnodes) * c.nproc_per_node > kMaxRanks)
+    return bad("--nnodes " + std::to_string(c.nnodes) + " times --nproc-per-node " + std::to_string(c.nproc_per_node) +
+               " is more ranks than weft-run starts (" + std::to_string(kMaxRanks) + ")");
+  return std::nullopt;
+}
+
+// The environment, as "NAME=value" strings.
+bool has(const std::vector<std::string>& env, const std::string& name) {
+  for (const std::string& e : env)
+    if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') return true;
+  return false;
+}
+
+void set(std::vector<std::string>& env, const std::string& name, const std::string& value) {
+  for (std::string& e : env)
+    if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') {
+      e = name + "=" + value;
+      return;
+    }
+  env.push_back(name + "=" + value);
+}
+
+int usable_cores() {
+  cpu_set_t cores;
+  if (sched_getaffinity(0, sizeof cores, &cores) == 0) return CPU_COUNT(&cores);
+  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+std::string hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+// What every worker shares: weft-run's own environment, plus OMP_NUM_THREADS and NCCL's
+// loopback settings where they apply and the user has not set them. Says once what it
+// set. Returns the NCCL_HOSTID prefix ("HOST-rank") when each rank needs its own.
+std::string shared_environment(const Config& c, std::vector<std::string>& env) {
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  const int n = c.nproc_per_node;
+  if (!has(env, "OMP_NUM_THREADS")) {
+    // torchrun sets 1; weft's CPU kernels are multi-threaded, so the ranks share the cores.
+    const int cores = usable_cores();
+    const int threads = std::max(1, cores / n);
+    set(env, "OMP_NUM_THREADS", std::to_string(threads));
+    say("OMP_NUM_THREADS is not set: " +
+        (n == 1 ? std::string("the worker gets") : "each of the " + std::to_string(n) + " workers gets") +
+        " OMP_NUM_THREADS=" + std::to_string(threads) + " (" + std::to_string(cores) + " cores / " + std::to_string(n) +
+        ")");
+  }
+  // More ranks than GPUs: NCCL 2.28 refuses two ranks on one GPU unless each has its own
+  // NCCL_HOSTID, and then it needs its socket transport (DESIGN.md, pitfalls). Physical
+  // GPUs count here: WEFT_VIRTUAL_DEVICES puts several logical devices on one.
+  int devices = 0;
+  try {
+    devices = weft::cuda_physical_device_count();
+  } catch (const std::exception&) {
+  }
+  if (devices <= 0 || n <= devices) return "";
+  std::string hostid_prefix = has(env, "NCCL_HOSTID") ? "" : hostname() + "-rank";
+  std::vector<std::string> done, kept;
+  if (hostid_prefix.empty())
+    kept.emplace_back("NCCL_HOSTID");
+  else
+    done.push_back("NCCL_HOSTID=" + hostid_prefix + "<RANK>");
+  for (auto [name, value] : {std::pair{"NCCL_SOCKET_IFNAME", "lo"}, std::pair{"NCCL_NET", "Socket"},
+                             std::pair{"NCCL_P2P_DISABLE", "1"}, std::pair{"NCCL_SHM_DISABLE", "1"}}) {
+    if (has(env, name)) {
+      kept.emplace_back(name);
+    } else {
+      set(env, name, value);
+      done.push_back(std::string(name) + "=" + value);
+    }
+  }
+  std::string message = std::to_string(n) + " ranks on this node share " + std::to_string(devices) + " GPU" +
+                        (devices == 1 ? "" : "s") + ": NCCL over sockets on loopback";
+  for (size_t i = 0; i < done.size(); ++i) message += (i ? ", " : "; set ") + done[i];
+  for (size_t i = 0; i < kept.size(); ++i) message += (i ? ", " : "; kept the user's ") + kept[i];
+  say(message);
+  return hostid_prefix;
+}
+
+std::vector<std::vector<std::string>> rank_environments(const Config& c, const std::vector<std::string>& shared,
+                                                        const std::string& hostid_prefix, int restart) {
+  const int n = c.nproc_per_node;
+  std::vector<std::vector<std::string>> envs(static_cast<size_t>(n), shared);
+  for (int local = 0; local < n; ++local) {
+    std::vector<std::string>& env = envs[static_cast<size_t>(local)];
+    const int rank = c.node_rank * n + local;
+    set(env, "RANK", std::to_string(rank));
+    set(env, "WORLD_SIZE", std::to_string(c.nnodes * n));
+    set(env, "LOCAL_RANK", std::to_string(local));
+    set(env, "LOCAL_WORLD_SIZE", std::to_string(n));
+    set(env, "GROUP_RANK", std::to_string(c.node_rank));
+    set(env, "MASTER_ADDR", c.master_addr);
+    set(env, "MASTER_PORT", std::to_string(c.master_port));
+    set(env, "WEFT_RESTART_COUNT", std::to_string(restart));
+    if (!hostid_prefix.empty()) set(env, "NCCL_HOSTID", hostid_prefix + std::to_string(rank));
+  }
+  return envs;
+}
+
+// "; stopped ranks 0, 1 (rank 1 needed SIGKILL)"
+std::string stopped_clause(const RoundResult& r) {
+  if (r.stopped.empty()) return "";
+  std::string clause = "; stopped " + rank_list(r.stopped);
+  if (!r.killed.empty()) clause += " (" + rank_list(r.killed) + " needed SIGKILL)";
+  return clause;
+}
+
+int run(const Config& c) {
+  install_signal_handlers();
+  std::vector<std::string> shared;
+  const std::string hostid_prefix = shared_environment(c, shared);
+  GroupOptions options{c.command, !c.no_prefix, std::chrono::duration<double>(c.grace_period)};
+  std::vector<int> ranks;
+  for (int local = 0; local < c.nproc_per_node; ++local) ranks.push_back(c.node_rank * c.nproc_per_node + local);
+
+  for (int restart = 0;; ++restart) {
+    RoundResult r;
+    {
+      Group group(options, ranks, rank_environments(c, shared, hostid_prefix, restart));
+      r = group.run();
+    }
+    if (!r.stuck.empty()) say(rank_list(r.stuck) + " still there 10 s after SIGKILL; giving up on waiting for it");
+    switch (r.outcome) {
+      case RoundResult::Outcome::Succeeded:
+        return 0;
+      case RoundResult::Outcome::Interrupted:
+        say("exiting with " + std::to_string(128 + r.signal) + stopped_clause(r));
+        return 128 + r.signal;
+      case RoundResult::Outcome::LaunchFailed:
+        say(r.error + stopped_clause(r));
+        return r.launch_exit_code;
+      case RoundResult::Outcome::Failed:
+        break;
+    }
+    std::string message = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") " + r.status.str() +
+                          (r.stopped.empty() ? "; no other rank was running" : stopped_clause(r));
+    if (restart < c.max_restarts) {
+      say(message + "; restarting the group (restart " + std::to_string(restart + 1) + " of " +
+          std::to_string(c.max_restarts) + ")");
+      continue;
+    }
+    if (c.max_restarts > 0) message += "; no restarts left (--max-restarts " + std::to_string(c.max_restarts) + ")";
+    say(message);
+    return r.status.signaled ? 1 : r.status.code;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  if (std::optional<int> code = parse(argc, argv, c)) return *code;
+  try {
+    return run(c);
+  } catch (const std::exception& e) {
+    say(e.what());
+    return 1;
+  }
+}

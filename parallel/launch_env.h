@@ -1,0 +1,40 @@
+// LaunchEnv: who this process is in its job, read from the variables its launcher set.
+//
+// weft-run and torchrun set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+// MASTER_PORT, and so do scripts written after seed 004 (rank = node rank * GPUs per node +
+// local index). Where users outgrow one machine they start jobs with their cluster's
+// launcher instead, so without RANK / WORLD_SIZE weft reads what Slurm's srun sets
+// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE; the master is the
+// first host of SLURM_JOB_NODELIST unless MASTER_ADDR is set) and then what Open MPI's
+// mpirun sets (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
+// OMPI_COMM_WORLD_LOCAL_SIZE; the master is 127.0.0.1 when every rank is on this machine,
+// else MASTER_ADDR must be set). MASTER_PORT defaults to 29500 (torchrun's) under Slurm and
+// mpirun. A missing or malformed variable is an error that names it.
+#pragma once
+
+#include <string>
+
+namespace weft::parallel {
+
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  std::string source;  // "RANK/WORLD_SIZE", "Slurm" or "Open MPI"
+  int restart_count = 0;  // WEFT_RESTART_COUNT (weft-run --max-restarts), else 0
+
+  // One line for the log: "rank 1 of 4 (local 1 of 2) from Slurm, master node01:29500".
+  std::string describe() const;
+};
+
+// Whether this process was started as a rank of a job (any of the three sources is set).
+bool launched_as_rank();
+// Reads the variables; throws naming what is missing or malformed.
+LaunchEnv read_launch_env();
+// The first host of a Slurm node list: "node[01-04,07],gpu1" -> "node01".
+std::string first_slurm_host(const std::string& nodelist);
+
+}  // namespace weft::parallel

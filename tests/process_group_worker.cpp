@@ -1,0 +1,322 @@
+// One rank of the multi-process tests (tests/test_process_group.cpp starts several):
+//
+//   process_group_worker SCENARIO      (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, or
+//                                       Slurm's / Open MPI's variables)
+//
+// Each scenario joins the job through init_process_group("gloo") and checks what a rank
+// can check on its own against a serial computation of every rank's contribution (inputs
+// are a function of the rank, so every rank knows them all). It prints "ok: ..." lines and
+// exits 0, or prints "FAIL: ..." and exits 1.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <weft.h>
+
+#include "parallel/distributed.h"
+#include "parallel/ring_allreduce.h"
+
+using namespace weft;
+using namespace weft::parallel;
+
+namespace {
+
+int failures = 0;
+
+void fail(const std::string& what) {
+  std::cout << "FAIL: rank " << get_rank() << ": " << what << std::endl;
+  ++failures;
+}
+
+// Rank r's input: element i is (r + 1) * (i % 7 + 1) (small integers: exact in every dtype
+// and in every reduction below), or (r + i) % 2 for bool.
+Tensor input(int r, int64_t n, DType dtype) {
+  std::vector<double> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = dtype == DType::Bool ? (r + i) % 2 : (r + 1) * (i % 7 + 1);
+  return tensor(v, Shape{n}).to(dtype);
+}
+
+template <class T>
+T combine(ReduceOp op, T a, T b) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return static_cast<T>(a + b);
+    case ReduceOp::Product: return static_cast<T>(a * b);
+    case ReduceOp::Max: return std::max(a, b);
+    case ReduceOp::Min: return std::min(a, b);
+  }
+  return a;
+}
+
+// The serial reduction over `ranks` of their inputs, in the dtype (so integer wrap-around
+// and float rounding are those of the tensors).
+Tensor expected_reduction(const std::vector<int>& ranks, int64_t n, DType dtype, ReduceOp op) {
+  std::vector<std::vector<double>> inputs;
+  for (int r : ranks) inputs.push_back(input(r, n, dtype).to(DType::Float64).to_vector<double>());
+  std::vector<double> out(n);
+  for (int64_t i = 0; i < n; ++i) {
+    auto value = [&](auto zero) {
+      using T = decltype(zero);
+      T acc = static_cast<T>(inputs[0][i]);
+      for (size_t k = 1; k < ranks.size(); ++k) acc = combine<T>(op, acc, static_cast<T>(inputs[k][i]));
+      double result = static_cast<double>(acc);
+      if (op == ReduceOp::Avg) result /= static_cast<double>(ranks.size());
+      return result;
+    };
+    switch (dtype) {
+      case DType::Float32: out[i] = value(float{}); break;
+      case DType::Float64: out[i] = value(double{}); break;
+      case DType::Int64: out[i] = value(int64_t{}); break;
+      case DType::Int32: out[i] = value(int32_t{}); break;
+      default: out[i] = value(uint8_t{}); break;
+    }
+  }
+  return tensor(out, Shape{n}).to(dtype);
+}
+
+bool same(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  auto x = a.to(DType::Float64).to_vector<double>(), y = b.to(DType::Float64).to_vector<double>();
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!(x[i] == y[i] || std::fabs(x[i] - y[i]) <= 1e-6 * std::fabs(y[i]))) return false;
+  return true;
+}
+
+std::string name(DType dtype, int64_t n) {
+  std::ostringstream out;
+  out << dtype << " [" << n << "]";
+  return out.str();
+}
+
+// Every collective of `group` (whose members are `members`, in group-rank order).
+void check_collectives(ProcessGroup& group, const std::vector<int>& members) {
+  const int me = group.rank(), size = group.size();
+  const int world_rank = members[me];
+  std::vector<int> group_ranks = members;
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{13}, int64_t{1000}}) {
+    for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::Int32, DType::UInt8, DType::Bool}) {
+      const std::string what = name(dtype, n);
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product}) {
+        if (dtype == DType::Bool && op != ReduceOp::Max && op != ReduceOp::Min) continue;
+        if (op == ReduceOp::Avg && !is_floating(dtype)) continue;
+        Tensor t = input(world_rank, n, dtype);
+        group.all_reduce(t, op)->wait();
+        if (!same(t, expected_reduction(group_ranks, n, dtype, op)))
+          fail("all_reduce " + std::string(reduce_op_name(op)) + " " + what);
+        Tensor r = input(world_rank, n, dtype);
+        const int root = size - 1;
+        group.reduce(r, root, op)->wait();
+        if (me == root ? !same(r, expected_reduction(group_ranks, n, dtype, op)) : !same(r, input(world_rank, n, dtype)))
+          fail("reduce " + std::string(reduce_op_name(op)) + " " + what);
+      }
+      // broadcast from every root
+      for (int root = 0; root < size; ++root) {
+        Tensor b = input(world_rank, n, dtype);
+        group.broadcast(b, root)->wait();
+        if (!same(b, input(members[root], n, dtype))) fail("broadcast from " + std::to_string(root) + " " + what);
+      }
+      // all_gather, gather, scatter, all_to_all
+      std::vector<Tensor> gathered;
+      for (int r = 0; r < size; ++r) gathered.push_back(zeros({n}, dtype));
+      group.all_gather(gathered, input(world_rank, n, dtype))->wait();
+      for (int r = 0; r < size; ++r)
+        if (!same(gathered[r], input(members[r], n, dtype))) fail("all_gather " + what);
+      const int root = 0;
+      std::vector<Tensor> at_root;
+      if (me == root)
+        for (int r = 0; r < size; ++r) at_root.push_back(zeros({n}, dtype));
+      group.gather(at_root, input(world_rank, n, dtype), root)->wait();
+      for (int r = 0; r < static_cast<int>(at_root.size()); ++r)
+        if (!same(at_root[r], input(members[r], n, dtype))) fail("gather " + what);
+      std::vector<Tensor> pieces;
+      if (me == root)
+        for (int r = 0; r < size; ++r) pieces.push_back(input(5 + r, n, dtype));
+      Tensor mine = zeros({n}, dtype);
+      group.scatter(mine, pieces, root)->wait();
+      if (!same(mine, input(5 + me, n, dtype))) fail("scatter " + what);
+      std::vector<Tensor> outs, ins;
+      for (int r = 0; r < size; ++r) {
+        outs.push_back(zeros({n}, dtype));
+        ins.push_back(input(10 * world_rank + members[r], n, dtype));
+      }
+      group.all_to_all(outs, ins)->wait();
+      for (int r = 0; r < size; ++r)
+        if (!same(outs[r], input(10 * members[r] + world_rank, n, dtype))) fail("all_to_all " + what);
+      if (dtype != DType::Bool) {
+        std::vector<Tensor> parts;
+        for (int r = 0; r < size; ++r) parts.push_back(input(world_rank + r, n, dtype));
+        Tensor result = zeros({n}, dtype);
+        group.reduce_scatter(result, parts, ReduceOp::Sum)->wait();
+        std::vector<int> shifted;
+        for (int m : members) shifted.push_back(m + me);
+        if (!same(result, expected_reduction(shifted, n, dtype, ReduceOp::Sum))) fail("reduce_scatter " + what);
+      }
+    }
+  }
+  // Non-contiguous tensors are staged and written back.
+  Tensor wide = zeros({3, 8});
+  Tensor column = wide.narrow(1, 2, 1);
+  column.copy_(full({3, 1}, static_cast<double>(world_rank + 1)));
+  group.all_reduce(column)->wait();
+  double total = 0;
+  for (int m : members) total += m + 1;
+  if (sum(wide).item() != 3 * total) fail("all_reduce of a non-contiguous view");
+  // A ring of sends and receives, and queued work overlapping.
+  if (size > 1) {
+    Tensor out = full({5}, static_cast<double>(world_rank)), in = zeros({5});
+    auto s = group.send(out, (me + 1) % size, 3);
+    auto r = group.recv(in, (me + size - 1) % size, 3);
+    r->wait();
+    s->wait();
+    if (in.to_vector<float>()[4] != static_cast<float>(members[(me + size - 1) % size])) fail("send / recv ring");
+  }
+  std::vector<std::shared_ptr<Work>> queued;
+  std::vector<Tensor> ts;
+  for (int k = 0; k < 10; ++k) {
+    ts.push_back(full({64}, static_cast<double>(k)));
+    queued.push_back(group.all_reduce(ts.back()));
+  }
+  for (int k = 0; k < 10; ++k) {
+    queued[k]->wait();
+    if (ts[k].to_vector<float>()[0] != static_cast<float>(k * size)) fail("queued all_reduce " + std::to_string(k));
+    if (!queued[k]->is_completed() || queued[k]->exception()) fail("queued work state " + std::to_string(k));
+  }
+  group.barrier()->wait();
+}
+
+int scenario_collectives() {
+  InitOptions options;
+  options.timeout = std::chrono::seconds(30);  // a bug fails the test, it does not hang it
+  init_process_group("gloo", options);
+  const int world = get_world_size();
+  std::vector<int> all;
+  for (int r = 0; r < world; ++r) all.push_back(r);
+  check_collectives(default_group(), all);
+  // A sub-group of the even ranks (every rank calls new_group; members get it).
+  std::vector<int> even;
+  for (int r = 0; r < world; r += 2) even.push_back(r);
+  auto sub = new_group(even);
+  if ((get_rank() % 2 == 0) != (sub != nullptr)) fail("new_group membership");
+  if (sub) check_collectives(*sub, even);
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+// weft's ring all-reduce against Gloo's, for every op, several dtypes and sizes (1 element,
+// a prime, a size the world does not divide, several chunks per segment), and the ring as
+// the group's all_reduce algorithm.
+int scenario_ring() {
+  InitOptions options;
+  options.timeout = std::chrono::seconds(30);
+  init_process_group("gloo", options);
+  ProcessGroup& group = default_group();
+  for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{11}, int64_t{1001}, int64_t{100003}}) {
+    for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::Int32}) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product}) {
+        if (op == ReduceOp::Avg && !is_floating(dtype)) continue;
+        for (int64_t chunk_bytes : {int64_t{1} << 20, int64_t{64}}) {
+          if (chunk_bytes == 64 && n > 2000) continue;  // thousands of tiny messages: slow, no new case
+          Tensor mine = input(get_rank(), n, dtype), theirs = input(get_rank(), n, dtype);
+          ring_all_reduce(group, mine, op, RingOptions{chunk_bytes});
+          group.all_reduce(theirs, op)->wait();
+          if (!same(mine, theirs))
+            fail("ring_all_reduce " + std::string(reduce_op_name(op)) + " " + name(dtype, n) + " chunks of " +
+                 std::to_string(chunk_bytes) + " bytes");
+        }
+      }
+    }
+  }
+  auto ring = with_ring_all_reduce(std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
+  Tensor t = full({3, 5}, static_cast<double>(get_rank() + 1));
+  ring->all_reduce(t)->wait();
+  const int w = get_world_size();
+  if (t.to_vector<float>()[14] != static_cast<float>(w * (w + 1) / 2)) fail("with_ring_all_reduce");
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+// Prints the rank and size init_process_group found (the env tests compare them).
+int scenario_identity() {
+  init_process_group("gloo");
+  Tensor t = full({1}, 1.0);
+  default_group().all_reduce(t)->wait();
+  std::cout << "identity: rank " << get_rank() << " size " << get_world_size() << " sum " << t.item() << std::endl;
+  destroy_process_group();
+  return 0;
+}
+
+// WEFT_DISTRIBUTED_DEBUG=1: rank 0 reduces 4 values, the others 5: every rank must fail
+// with a message naming both calls.
+int scenario_mismatch() {
+  init_process_group("gloo");
+  Tensor t = zeros({get_rank() == 0 ? 4 : 5});
+  try {
+    default_group().all_reduce(t)->wait();
+    fail("a mismatched all_reduce went through");
+  } catch (const Error& e) {
+    std::cout << "error: " << e.what() << std::endl;
+  }
+  destroy_process_group();  // rank 0 keeps serving the store until every rank has read the calls
+  return failures == 0 ? 0 : 1;
+}
+
+// Rank 1 leaves right after joining; rank 0's next all_reduce must fail, not hang.
+int scenario_dead_peer() {
+  InitOptions options;
+  options.timeout = std::chrono::seconds(3);
+  init_process_group("gloo", options);
+  default_group().barrier()->wait();  // every connection is up
+  if (get_rank() == 1) {
+    std::cout << "rank 1 leaves" << std::endl;
+    std::_Exit(0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  try {
+    Tensor t = zeros({1000});
+    default_group().all_reduce(t)->wait();
+    fail("an all_reduce with a dead peer succeeded");
+  } catch (const Error& e) {
+    std::cout << "error: " << e.what() << std::endl;
+  }
+  std::_Exit(failures == 0 ? 0 : 1);
+}
+
+// Only some ranks of the world are started: the rendezvous must name the missing ones.
+int scenario_missing() {
+  InitOptions options;
+  options.timeout = std::chrono::seconds(2);
+  try {
+    init_process_group("gloo", options);
+    fail("init_process_group succeeded with ranks missing");
+  } catch (const Error& e) {
+    std::cout << "error: " << e.what() << std::endl;
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  try {
+    if (scenario == "collectives") return scenario_collectives();
+    if (scenario == "identity") return scenario_identity();
+    if (scenario == "ring") return scenario_ring();
+    if (scenario == "mismatch") return scenario_mismatch();
+    if (scenario == "dead_peer") return scenario_dead_peer();
+    if (scenario == "missing") return scenario_missing();
+  } catch (const std::exception& e) {
+    std::cout << "FAIL: " << e.what() << std::endl;
+    return 1;
+  }
+  std::cerr << "process_group_worker: unknown scenario '" << scenario
+            << "' (collectives, identity, mismatch, dead_peer, missing)\n";
+  return 2;
+}

@@ -1,0 +1,125 @@
+// Process groups across processes: ranks run as local processes over loopback (Gloo on the
+// CPU), each checking every collective against a serial computation
+// (tests/process_group_worker.cpp); the rendezvous from torchrun's, Slurm's and Open MPI's
+// variables set by hand, and from a real mpirun when Open MPI is installed; a rank that
+// never arrives, a peer that dies, and mismatched collectives in debug mode.
+#include "test_util.h"
+
+#include <cstdlib>
+
+#include "parallel/launch_env.h"
+#include "parallel/process_group_gloo.h"
+#include "spawn_ranks.h"
+
+using namespace weft;
+using doctest::Contains;
+
+namespace {
+
+const std::string worker = WEFT_PROCESS_GROUP_WORKER;
+
+void check_all_ok(const std::vector<test::RankOutcome>& outcomes) {
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(outcomes[r].exit_status == 0, "rank ", r, " exited ", outcomes[r].exit_status, ":\n",
+                  outcomes[r].output);
+  }
+}
+
+bool skip_without_gloo() {
+  if (parallel::gloo_available()) return false;
+  MESSAGE("skipped: weft was built without Gloo");
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("every collective, reduce op and dtype, at world sizes 1 to 4, with sub-groups") {
+  if (skip_without_gloo()) return;
+  for (int world : {1, 2, 3, 4}) {
+    CAPTURE(world);
+    check_all_ok(test::run_ranks({worker, "collectives"}, world, std::chrono::seconds(90)));
+  }
+}
+
+TEST_CASE("the ring all-reduce equals Gloo's at world sizes 2, 3 and 4; WEFT_ALL_REDUCE=ring selects it") {
+  if (skip_without_gloo()) return;
+  for (int world : {2, 3, 4}) {
+    CAPTURE(world);
+    check_all_ok(test::run_ranks({worker, "ring"}, world, std::chrono::seconds(120)));
+  }
+  check_all_ok(test::run_ranks({worker, "collectives"}, 3, std::chrono::seconds(120), {{"WEFT_ALL_REDUCE", "ring"}}));
+}
+
+TEST_CASE("env:// reads torchrun's, Slurm's and Open MPI's variables") {
+  if (skip_without_gloo()) return;
+  const int port = test::free_port();
+  std::vector<std::map<std::string, std::string>> slurm, ompi;
+  for (int r = 0; r < 2; ++r) {
+    slurm.push_back({{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", std::to_string(r)},
+                     {"SLURM_JOB_NODELIST", "localhost"}, {"MASTER_PORT", std::to_string(port)}});
+    ompi.push_back({{"OMPI_COMM_WORLD_RANK", std::to_string(r)}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(r)}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                    {"MASTER_PORT", std::to_string(port + 1 < 65536 ? port + 1 : port - 1)}});
+  }
+  for (const auto& [name, envs] : {std::pair{"Slurm", slurm}, std::pair{"Open MPI", ompi}}) {
+    CAPTURE(name);
+    auto outcomes = test::run_processes({worker, "identity"}, envs, std::chrono::seconds(60));
+    check_all_ok(outcomes);
+    for (int r = 0; r < 2; ++r)
+      CHECK(outcomes[r].output.find("identity: rank " + std::to_string(r) + " size 2 sum 2") != std::string::npos);
+    CHECK(outcomes[0].output.find(std::string("rank and size from ") + name) != std::string::npos);
+  }
+}
+
+TEST_CASE("a real mpirun -np 2 on loopback") {
+  if (skip_without_gloo()) return;
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) {
+    MESSAGE("skipped: mpirun not found (Debian's openmpi-bin; tools/install-deps installs it)");
+    return;
+  }
+  const int port = test::free_port();
+  auto outcomes = test::run_processes(
+      {"/bin/sh", "-c",
+       "exec mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT=" + std::to_string(port) + " " + worker +
+           " identity"},
+      {{{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}, {"OMPI_MCA_plm_rsh_agent", ""}}},
+      std::chrono::seconds(90));
+  REQUIRE(outcomes.size() == 1);
+  CHECK_MESSAGE(outcomes[0].exit_status == 0, outcomes[0].output);
+  CHECK(outcomes[0].output.find("identity: rank 0 size 2 sum 2") != std::string::npos);
+  CHECK(outcomes[0].output.find("identity: rank 1 size 2 sum 2") != std::string::npos);
+  CHECK(outcomes[0].output.find("rank and size from Open MPI") != std::string::npos);
+}
+
+TEST_CASE("a rank that never arrives is named; a peer that dies fails the others' collective") {
+  if (skip_without_gloo()) return;
+  const int port = test::free_port();
+  std::vector<std::map<std::string, std::string>> two_of_three;
+  for (int r = 0; r < 2; ++r) two_of_three.push_back(test::torchrun_env(r, 3, port));
+  auto missing = test::run_processes({worker, "missing"}, two_of_three, std::chrono::seconds(30));
+  check_all_ok(missing);
+  for (const auto& o : missing) CHECK(o.output.find("rank 2 has not arrived") != std::string::npos);
+
+  auto dead = test::run_ranks({worker, "dead_peer"}, 2, std::chrono::seconds(30));
+  check_all_ok(dead);
+  CHECK(dead[0].output.find("error: ProcessGroupGloo all_reduce (rank 0 of 2)") != std::string::npos);
+}
+
+TEST_CASE("WEFT_DISTRIBUTED_DEBUG=1: mismatched collectives fail on every rank, naming both calls") {
+  if (skip_without_gloo()) return;
+  auto outcomes = test::run_ranks({worker, "mismatch"}, 3, std::chrono::seconds(30), {{"WEFT_DISTRIBUTED_DEBUG", "1"}});
+  check_all_ok(outcomes);
+  for (const auto& o : outcomes)
+    CHECK_MESSAGE(o.output.find("collective mismatch at call 0 of the group: rank 0 called all_reduce(float32 [4], "
+                                "sum) but rank ") != std::string::npos,
+                  o.output);
+  CHECK(outcomes[1].output.find("called all_reduce(float32 [5], sum)") != std::string::npos);
+}
+
+TEST_CASE("launch environment parsing") {
+  CHECK(parallel::first_slurm_host("node[01-04,07],gpu1") == "node01");
+  CHECK(parallel::first_slurm_host("gpu-a,gpu-b") == "gpu-a");
+  CHECK(parallel::first_slurm_host("n[3]x") == "n3x");
+  CHECK(parallel::first_slurm_host("single") == "single");
+}
