@@ -50,6 +50,7 @@
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
 #include "parallel/distributed.h"
+#include "parallel/distributed_data_parallel.h"
 #include "parallel/file_store.h"
 #include "parallel/fork_join.h"
 #include "parallel/functions.h"

@@ -25,6 +25,8 @@
 #include "nn/optim/sgd.h"
 #include "parallel/data_parallel.h"
 #include "train/data_parallel_strategy.h"
+#include "train/distributed_strategy.h"
+#include "train/launch.h"
 #include "train/train_loop.h"
 
 using namespace weft;
@@ -34,7 +36,8 @@ namespace {
 struct Config {
   std::string model = "convnet", data = "fashion-mnist", data_dir = "/usr/share/datasets/fashion-mnist";
   std::string device, devices, optimizer = "sgd", mode = "single", checkpoint, resume, metrics_json, trace;
-  int epochs = 3, workers = 0;
+  int epochs = 3, workers = 0, nproc = 0, nnodes = 1, node_rank = 0, master_port = 0;
+  std::string master_addr;
   int64_t batch_size = 100;
   double lr = 0.01, momentum = 0.9;
   std::optional<double> weight_decay;  // unset: the optimizer's own default (AdamW: 1e-2)
@@ -78,12 +81,20 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, const std::vec
   return std::make_shared<optim::AdamW>(params, o);
 }
 
-// The devices the mode runs on: --device for single; for dp, --devices, else every
-// logical CUDA device, else (no GPU) two logical CPU devices.
+// The devices the mode runs on: --device for single; for ddp this rank's (--device, else
+// cuda:LOCAL_RANK with GPUs, else the CPU); for dp, --devices, else every logical CUDA device,
+// else (no GPU) two logical CPU devices.
 std::vector<Device> pick_devices(const Config& c, train::ParallelMode mode) {
   if (mode == train::ParallelMode::Single) {
     WEFT_CHECK(c.devices.empty(), "--devices is for --mode dp (use --device for one device)");
     return {Device(c.device.empty() ? (cuda_available() ? "cuda" : "cpu") : c.device)};
+  }
+  if (mode == train::ParallelMode::DistributedDataParallel) {
+    WEFT_CHECK(c.devices.empty(), "--mode ddp runs one process per device: choose how many with --nproc (each rank "
+               "takes cuda:LOCAL_RANK, or the CPU), not --devices");
+    if (!c.device.empty()) return {Device(c.device)};
+    if (!cuda_available()) return {kCPU};
+    return {Device::cuda(parallel::read_launch_env().local_rank % cuda_device_count())};
   }
   WEFT_CHECK(c.device.empty(), "--mode ", c.mode, " takes --devices (a list such as cpu:0,cpu:1), not --device");
   if (!c.devices.empty()) return parallel::parse_device_list(c.devices);
@@ -101,6 +112,11 @@ std::shared_ptr<train::Strategy> make_strategy(train::ParallelMode mode, const s
   switch (mode) {
     case train::ParallelMode::Single: return std::make_shared<train::SingleDevice>();
     case train::ParallelMode::DataParallel: return std::make_shared<train::DataParallelStrategy>(devices);
+    case train::ParallelMode::DistributedDataParallel: {
+      train::DistributedStrategyOptions options;
+      options.device = devices[0];
+      return std::make_shared<train::DistributedStrategy>(options);
+    }
   }
   WEFT_FAIL("weft-train: no strategy for mode ", train::parallel_mode_name(mode));
 }
@@ -114,13 +130,12 @@ std::string device_list(const std::vector<Device>& devices) {
 int run(const Config& c) {
   manual_seed(c.seed);
   const train::ParallelMode mode = train::parse_parallel_mode(c.mode);
-  // Started as one rank of several (weft-run, torchrun, srun, mpirun): every mode so far runs
-  // in one process, so more than one rank would train the same model side by side.
-  if (parallel::launched_as_rank()) {
+  // Started as one rank of several (weft-run, torchrun, srun, mpirun): only ddp trains across
+  // processes; the other modes would train the same model side by side.
+  if (parallel::launched_as_rank() && mode != train::ParallelMode::DistributedDataParallel) {
     const parallel::LaunchEnv launch = parallel::read_launch_env();
     WEFT_CHECK(launch.world_size == 1, "weft-train was started as ", launch.describe(), "; --mode ",
-               train::parallel_mode_name(mode), " runs in one process (--mode ddp, which trains across processes, "
-               "comes with DistributedDataParallel)");
+               train::parallel_mode_name(mode), " runs in one process (use --mode ddp to train across processes)");
   }
   const std::vector<Device> devices = pick_devices(c, mode);
 
@@ -155,17 +170,22 @@ int run(const Config& c) {
   options.trace_path = c.trace;
   train::TrainLoop loop(model, train_loader, nullptr, test_loader, optimizer,
                         [criterion](const Tensor& out, const Tensor& y) { return criterion(out, y); }, options);
+  const bool main_process = loop.strategy().is_main_process();
   if (!c.resume.empty()) {
     loop.resume(c.resume);
-    std::cout << "resumed from " << c.resume << " after epoch " << loop.epoch() << "\n";
+    if (main_process) std::cout << "resumed from " << c.resume << " after epoch " << loop.epoch() << "\n";
   }
-  std::cout << "weft-train: " << c.model << " on " << c.data << " (" << train_set->size() << " train, "
-            << test_set->size() << " test), " << (devices.size() > 1 ? c.mode + " over " : "") << device_list(devices)
-            << ", " << c.optimizer << " lr " << c.lr << ", batch "
+  const std::string where = mode == train::ParallelMode::DistributedDataParallel
+                                ? "ddp over " + std::to_string(loop.strategy().world_size()) + " ranks (" +
+                                      device_list(devices) + " each)"
+                                : (devices.size() > 1 ? c.mode + " over " : "") + device_list(devices);
+  if (main_process)
+    std::cout << "weft-train: " << c.model << " on " << c.data << " (" << train_set->size() << " train, "
+            << test_set->size() << " test), " << where << ", " << c.optimizer << " lr " << c.lr << ", batch "
             << c.batch_size << ", " << num_threads() << " CPU threads\n";
   std::vector<train::EpochResult> results = loop.fit(c.epochs);
 
-  if (!c.metrics_json.empty()) {
+  if (!c.metrics_json.empty() && main_process) {
     double images = 0, seconds = 0;
     for (const auto& r : results) images += r.images_per_second * r.seconds, seconds += r.seconds;
     const train::EpochResult* last = results.empty() ? nullptr : &results.back();
@@ -190,11 +210,22 @@ int main(int argc, char** argv) {
   app.add_option("--data", c.data, "fashion-mnist or synthetic")->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
   app.add_option("--data-dir", c.data_dir, "where the Fashion-MNIST IDX files are");
   app.add_option("--device", c.device, "cpu, cpu:N, cuda or cuda:N (default: cuda when available, else cpu)");
-  app.add_option("--mode", c.mode, "single or dp (ddp and pipeline come with the rest of the parallel layer)");
+  app.add_option("--mode", c.mode, "single, dp or ddp (pipeline comes with the rest of the parallel layer)");
+  app.add_option("--nproc", c.nproc,
+                 "--mode ddp started by hand: the ranks to start through weft-run (default: one per GPU, else 2)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--nnodes", c.nnodes, "--mode ddp across machines: the number of nodes (run on each)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--node-rank", c.node_rank, "--mode ddp across machines: this node's rank")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr", c.master_addr, "--mode ddp across machines: where rank 0 serves the rendezvous");
+  app.add_option("--master-port", c.master_port, "--mode ddp: the rendezvous port (weft-run's default: 29500)")
+      ->check(CLI::Range(1, 65535));
   app.add_option("--devices", c.devices,
                  "--mode dp: the devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1)");
   app.add_option("--epochs", c.epochs, "epochs to train (in total, when resuming)")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", c.batch_size, "samples per batch")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", c.batch_size, "samples per batch (per rank in ddp, as PyTorch's per-process loader)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   app.add_option("--lr", c.lr, "learning rate")->check(CLI::PositiveNumber);
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
@@ -211,7 +242,16 @@ int main(int argc, char** argv) {
   app.add_flag("--no-progress", c.no_progress, "no per-step progress, only a line per epoch");
   CLI11_PARSE(app, argc, argv);
   try {
-    return run(c);
+    // --mode ddp started by hand: this program again, as the ranks of a job under weft-run.
+    if (c.mode == "ddp" && !parallel::launched_as_rank()) {
+      const int ranks = c.nproc > 0 ? c.nproc : cuda_physical_device_count() > 0 ? cuda_physical_device_count() : 2;
+      std::cout << "weft-train: --mode ddp: starting " << ranks << (ranks == 1 ? " rank" : " ranks")
+                << (c.nnodes > 1 ? " on this node" : "") << " with weft-run" << std::endl;
+      train::run_as_ranks(ranks, argc, argv, {c.nnodes, c.node_rank, c.master_addr, c.master_port});
+    }
+    const int status = run(c);
+    if (parallel::is_initialized()) parallel::destroy_process_group();
+    return status;
   } catch (const std::exception& e) {
     std::cerr << "weft-train: " << e.what() << "\n";
     return 1;

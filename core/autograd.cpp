@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 
 #include "core/copy.h"
 #include "core/gradient_ops.h"
@@ -62,7 +63,8 @@ void fail_backward_twice(const char* node_name) {
 
 // --- AccumulateGrad -----------------------------------------------------------------
 
-AccumulateGrad::AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf) : Node("AccumulateGrad"), leaf_(leaf) {
+AccumulateGrad::AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf)
+    : Node("AccumulateGrad", std::numeric_limits<uint64_t>::max()), leaf_(leaf) {
   add_output(Tensor(leaf));
 }
 

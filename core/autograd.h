@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -74,6 +75,8 @@ struct OutputMeta {
 class Node {
  public:
   explicit Node(const char* name);
+  // A node with a sequence number of its own (AccumulateGrad: the highest, see below).
+  Node(const char* name, uint64_t sequence_nr) : name_(name), sequence_nr_(sequence_nr) {}
   virtual ~Node() = default;
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -140,7 +143,10 @@ void LambdaNode<F>::fail_freed() const {
 
 // The node at the end of every leaf's path: adds the incoming gradient into .grad, then
 // runs the post-accumulate-grad hooks. Backward passes on several threads may reach one
-// leaf at once (replicas sharing parameters): the accumulation holds a lock.
+// leaf at once (replicas sharing parameters): the accumulation holds a lock. Its sequence
+// number is the highest there is, so it runs as soon as its gradient is complete rather
+// than after every node made after the leaf (all of them): the hooks then fire while
+// backward goes on, which is what lets DDP's all-reduces overlap it (PyTorch does the same).
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf);
@@ -229,5 +235,12 @@ const Tensor& commit_inplace(const Tensor& self, const Tensor& result, const cha
 // --- the engine (core/engine.cpp) ---------------------------------------------------
 
 void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grad_roots, bool retain_graph);
+
+// Runs `callback` once the backward pass running on this thread has run every node (before
+// backward() returns; PyTorch's Engine::queue_callback). DDP's reducer queues one from its
+// first gradient hook to wait for its buckets. Callbacks run in the order queued; one may
+// queue another. Outside a backward pass it is an error.
+void queue_backward_callback(std::function<void()> callback);
+bool in_backward();
 
 }  // namespace weft

@@ -4,15 +4,18 @@
 // roots, how many edges point at it. A node becomes ready when all of them have
 // delivered; among ready nodes the one with the highest sequence_nr runs first. Nodes are
 // numbered per thread, in creation order, so on one thread this is "latest-created
-// first": a valid reverse topological order, the same on every run and on every rank,
-// which DDP relies on (all ranks fire their gradient hooks, and so fill their buckets, in
-// the same order). Threads that build a graph together (fork_join: parallel_apply's
-// replicas, pipeline stages) start from their parent's number and the parent continues
-// after the furthest of them, so the order still depends only on what each thread did,
-// never on how the threads interleaved; ties between such threads are broken by the
-// order in which nodes became ready, which this single thread decides. Several backward
-// passes may run at once on different threads over different graphs. CUDA work is
-// asynchronous, so one host thread still keeps every device busy.
+// first", except that a leaf's AccumulateGrad, which has the highest number of all, runs
+// as soon as its gradient is complete (so DDP's hooks fire, and its all-reduces start,
+// while backward goes on). That is a valid reverse topological order, the same on every
+// run and on every rank, which DDP relies on (all ranks fire their gradient hooks, and so
+// fill their buckets, in the same order). Threads that build a graph together (fork_join:
+// parallel_apply's replicas, pipeline stages) start from their parent's number and the
+// parent continues after the furthest of them, so the order still depends only on what
+// each thread did, never on how the threads interleaved; ties (between such threads, and
+// between AccumulateGrads) are broken by the order in which nodes became ready, which this
+// single thread decides. Several backward passes may run at once on different threads
+// over different graphs. CUDA work is asynchronous, so one host thread still keeps every
+// device busy.
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -37,12 +40,29 @@ void check_gradient(const Node& producer, size_t input, const Tensor& grad, cons
              expected.device);
 }
 
+// The callbacks of the backward pass running on this thread (null outside one).
+thread_local std::vector<std::function<void()>>* backward_callbacks = nullptr;
+
 }  // namespace
+
+void queue_backward_callback(std::function<void()> callback) {
+  WEFT_CHECK(backward_callbacks != nullptr, "queue_backward_callback: no backward pass is running on this thread");
+  backward_callbacks->push_back(std::move(callback));
+}
+
+bool in_backward() { return backward_callbacks != nullptr; }
 
 void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grad_roots, bool retain_graph) {
   WEFT_CHECK(roots.size() == grad_roots.size(), "backward: ", roots.size(), " outputs but ", grad_roots.size(),
              " gradients");
   NoGradGuard no_grad;
+  // A backward pass inside a hook of another has callbacks of its own.
+  std::vector<std::function<void()>> callbacks;
+  struct Restore {
+    std::vector<std::function<void()>>* previous;
+    ~Restore() { backward_callbacks = previous; }
+  } restore{backward_callbacks};
+  backward_callbacks = &callbacks;
 
   std::unordered_map<Node*, int> dependencies;
   std::unordered_map<Node*, GradList> buffers;
@@ -119,6 +139,11 @@ void run_backward(std::span<const Tensor> roots, std::span<const Tensor> grad_ro
     for (const Edge& next : node->next_edges()) {
       if (next.node && --dependencies[next.node.get()] == 0) ready.push(next.node);
     }
+  }
+  // Callbacks last: every node has run. Index-based, since a callback may queue more.
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    auto callback = std::move(callbacks[i]);
+    callback();
   }
 }
 

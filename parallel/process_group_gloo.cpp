@@ -21,6 +21,8 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "core/stream.h"
+#include "core/trace.h"
 #include "kernels/elementwise.h"
 #include "kernels/shape_ops.h"
 #include "parallel/work_queue.h"
@@ -122,6 +124,8 @@ class ProcessGroupGloo final : public ProcessGroup {
       WEFT_FAIL("ProcessGroupGloo: rank ", rank, " of ", size, " could not connect to the others (listening on ",
                 bind_host, "): ", e.what());
     }
+    lane_ = new_stream(kCPU);
+    trace::name_lane(lane_, "gloo (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")");
     queue_ = std::make_unique<WorkQueue>(timeout);
   }
 
@@ -131,7 +135,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     const std::string what = describe("all_reduce");
     check_cpu(tensor, what);
     check_reduce(tensor.dtype(), op, what);
-    return enqueue(what, [this, tensor, op, what](uint32_t tag) {
+    return enqueue("all_reduce", what, [this, tensor, op, what](uint32_t tag) {
       Staged io(tensor);
       with_type(tensor.dtype(), what, [&](auto zero) {
         using T = decltype(zero);
@@ -155,7 +159,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     const std::string what = describe("broadcast");
     check_cpu(tensor, what);
     check_rank(root, "root", what);
-    return enqueue(what, [this, tensor, root, what](uint32_t tag) {
+    return enqueue("broadcast", what, [this, tensor, root, what](uint32_t tag) {
       Staged io(tensor);
       with_type(tensor.dtype(), what, [&](auto zero) {
         using T = decltype(zero);
@@ -175,7 +179,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     check_cpu(tensor, what);
     check_rank(root, "root", what);
     check_reduce(tensor.dtype(), op, what);
-    return enqueue(what, [this, tensor, root, op, what](uint32_t tag) {
+    return enqueue("reduce", what, [this, tensor, root, op, what](uint32_t tag) {
       // Gloo uses the output as scratch on every rank: only the root's is the caller's.
       Staged io(tensor);
       Tensor scratch = rank() == root ? io.tensor() : io.tensor().clone();
@@ -204,7 +208,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     const std::string what = describe("all_gather");
     check_cpu(input, what);
     check_list(outputs, static_cast<size_t>(size()), input, "outputs", what);
-    return enqueue(what, [this, outputs, input, what](uint32_t tag) {
+    return enqueue("all_gather", what, [this, outputs, input, what](uint32_t tag) {
       Staged in(input);
       Tensor flat = empty({size() * input.numel()}, TensorOptions(input.dtype(), kCPU));
       with_type(input.dtype(), what, [&](auto zero) {
@@ -228,7 +232,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     else
       WEFT_CHECK(outputs.empty(), what, ": only the root (", root, ") gives outputs; rank ", rank(), " gave ",
                  outputs.size());
-    return enqueue(what, [this, outputs, input, root, what](uint32_t tag) {
+    return enqueue("gather", what, [this, outputs, input, root, what](uint32_t tag) {
       Staged in(input);
       Tensor flat = rank() == root ? empty({size() * input.numel()}, TensorOptions(input.dtype(), kCPU)) : Tensor();
       with_type(input.dtype(), what, [&](auto zero) {
@@ -253,7 +257,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     else
       WEFT_CHECK(inputs.empty(), what, ": only the root (", root, ") gives inputs; rank ", rank(), " gave ",
                  inputs.size());
-    return enqueue(what, [this, output, inputs, root, what](uint32_t tag) {
+    return enqueue("scatter", what, [this, output, inputs, root, what](uint32_t tag) {
       Staged out(output);
       std::vector<Tensor> sources;
       for (const Tensor& t : inputs) sources.push_back(t.contiguous());
@@ -280,7 +284,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     check_cpu(output, what);
     check_reduce(output.dtype(), op, what);
     check_list(inputs, static_cast<size_t>(size()), output, "inputs", what);
-    return enqueue(what, [this, output, inputs, op, what](uint32_t tag) {
+    return enqueue("reduce_scatter", what, [this, output, inputs, op, what](uint32_t tag) {
       // An all-reduce of every rank's inputs, of which each rank keeps its own slice.
       Tensor flat;
       {
@@ -312,7 +316,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     check_cpu(inputs[0], what);
     check_list(inputs, static_cast<size_t>(size()), inputs[0], "inputs", what);
     check_list(outputs, static_cast<size_t>(size()), inputs[0], "outputs", what);
-    return enqueue(what, [this, outputs, inputs, what](uint32_t tag) {
+    return enqueue("all_to_all", what, [this, outputs, inputs, what](uint32_t tag) {
       Tensor in;
       {
         NoGradGuard no_grad;
@@ -366,7 +370,7 @@ class ProcessGroupGloo final : public ProcessGroup {
 
   std::shared_ptr<Work> barrier() override {
     const std::string what = describe("barrier");
-    return enqueue(what, [this](uint32_t tag) {
+    return enqueue("barrier", what, [this](uint32_t tag) {
       gloo::BarrierOptions opts(context_);
       opts.setTag(tag);
       opts.setTimeout(timeout());
@@ -461,9 +465,12 @@ class ProcessGroupGloo final : public ProcessGroup {
 
   // Queues a collective; its tag (the same on every rank: they queue in the same order)
   // keeps its messages apart from the others'.
-  std::shared_ptr<Work> enqueue(const std::string& what, std::function<void(uint32_t)> fn) {
+  std::shared_ptr<Work> enqueue(const char* op, const std::string& what, std::function<void(uint32_t)> fn) {
     const uint32_t tag = next_tag_++;
-    return queue_->enqueue(what, [fn = std::move(fn), tag] { fn(tag); });
+    return queue_->enqueue(what, [this, op, fn = std::move(fn), tag] {
+      TraceSpan span(op, lane_);  // on the group's communication lane of the trace
+      fn(tag);
+    });
   }
 
   std::shared_ptr<Work> point_to_point(const std::string& what, std::function<bool(std::chrono::milliseconds)> wait) {
@@ -473,6 +480,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   std::atomic<uint32_t> next_tag_{0};
+  Stream lane_{kCPU, nullptr};        // where the trace draws this group's collectives
   std::unique_ptr<WorkQueue> queue_;  // destroyed first: its operations use the context
 };
 

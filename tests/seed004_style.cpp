@@ -1,7 +1,9 @@
 // A program written the way seed 004 writes its distributed part: the rank and the world
 // size from the command line (or from the launcher), MASTER_ADDR and MASTER_PORT set in the
-// code unless given, init_process_group, a collective, destroy_process_group. The README
-// shows it; tests/seed004_style.sh runs it under weft-run and as processes started by hand.
+// code unless given, init_process_group, a collective, then seed 004's training: the
+// ConvNet wrapped in DistributedDataParallel, each rank on its DistributedSampler's share,
+// and destroy_process_group. The README shows it; tests/seed004_style.sh runs it under
+// weft-run and as processes started by hand.
 //
 //   seed004_style --world-size 3 --rank 0 & seed004_style --world-size 3 --rank 1 & ...
 //   weft-run --nproc-per-node 3 seed004_style
@@ -32,8 +34,39 @@ int main(int argc, char** argv) {
     Tensor t = full({4}, static_cast<double>(rank + 1));
     parallel::default_group().all_reduce(t)->wait();  // 1 + 2 + ... + world in every element
     std::cout << "rank " << rank << " of " << world << ": all_reduce gives " << t.to_vector<float>()[0] << std::endl;
+    if (t.to_vector<float>()[0] != world * (world + 1) / 2) return 1;
+
+    // Seed 004's training, on learnable synthetic images (a pattern per class plus noise).
+    Generator pattern(1234), noise(5);
+    Tensor prototypes = randn({10, 1, 28, 28}, DType::Float32, &pattern);
+    Tensor labels = randint(0, 10, {120}, DType::Int64, &noise);
+    Tensor images = add(index_select(prototypes, 0, labels), randn({120, 1, 28, 28}, DType::Float32, &noise));
+    auto train_set = std::make_shared<data::TensorDataset>(images, labels);
+    auto model = std::make_shared<nn::ConvNet>();
+    auto ddp = std::make_shared<parallel::DistributedDataParallel>(model);
+    optim::SGD sgd(model->parameters(), optim::SGDOptions{0.01 * world, 0.9});  // seed 004: lr scales with ranks
+    data::DataLoader loader(train_set, {.batch_size = 10},
+                            std::make_shared<data::DistributedSampler>(train_set->size(), world, rank));
+    double first = 0, last = 0;
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      loader.set_epoch(epoch);
+      for (const data::Batch& batch : loader) {
+        sgd.zero_grad();
+        Tensor loss = cross_entropy((*ddp)(batch.data), batch.target);
+        loss.backward();
+        sgd.step();
+        last = loss.item();
+        if (first == 0) first = last;
+      }
+    }
+    // Every replica took the same steps: rank 0's weights, broadcast, equal this rank's.
+    Tensor mine = model->parameters()[0].detach().clone(), zeroth = mine.clone();
+    parallel::default_group().broadcast(zeroth, 0)->wait();
+    const bool same = sum(abs(sub(mine, zeroth))).item() == 0.0;
+    std::cout << "rank " << rank << ": DDP loss " << first << " -> " << last << (same ? ", replicas equal" : ", replicas DIFFER")
+              << std::endl;
     parallel::destroy_process_group();
-    return t.to_vector<float>()[0] == world * (world + 1) / 2 ? 0 : 1;
+    return same && last < first ? 0 : 1;
   } catch (const std::exception& e) {
     std::cerr << "seed004_style: " << e.what() << "\n";
     return 1;

@@ -19,7 +19,9 @@ for i in 0 1 2; do
   wait "${pids[$i]}" || { echo "FAIL: rank $i started by hand:"; cat "$dir/rank$i.log"; exit 1; }
 done
 grep -q "rank 2 of 3: all_reduce gives 6" "$dir/rank2.log" || { echo "FAIL: rank 2 by hand:"; cat "$dir/rank2.log"; exit 1; }
+grep -q "rank 2: DDP loss .* replicas equal" "$dir/rank2.log" || { echo "FAIL: rank 2's training:"; cat "$dir/rank2.log"; exit 1; }
 timeout 60 "$launcher" --nproc-per-node 3 --master-port "$((port + 1))" "$program" > "$dir/run.log" 2>&1 ||
   { echo "FAIL: under weft-run:"; cat "$dir/run.log"; exit 1; }
 grep -q "\[rank 1\] rank 1 of 3: all_reduce gives 6" "$dir/run.log" || { echo "FAIL: under weft-run:"; cat "$dir/run.log"; exit 1; }
-echo "seed004_style: by hand and under weft-run, all_reduce gives 6 on every rank"
+grep -q "\[rank 1\] rank 1: DDP loss .* replicas equal" "$dir/run.log" || { echo "FAIL: training under weft-run:"; cat "$dir/run.log"; exit 1; }
+echo "seed004_style: by hand and under weft-run, all_reduce gives 6 and DDP trains equal replicas on every rank"

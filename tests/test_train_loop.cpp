@@ -133,7 +133,8 @@ TEST_CASE("resuming from the epoch-1 checkpoint ends with the same weights") {
 TEST_CASE("TrainLoop errors") {
   std::ostringstream log;
   CHECK(train::parse_parallel_mode("single") == train::ParallelMode::Single);
-  CHECK_THROWS_WITH_AS(train::parse_parallel_mode("ddp"), Contains("'ddp' is not implemented yet"), Error);
+  CHECK(train::parse_parallel_mode("ddp") == train::ParallelMode::DistributedDataParallel);
+  CHECK_THROWS_WITH_AS(train::parse_parallel_mode("pipeline"), Contains("'pipeline' is not implemented yet"), Error);
   CHECK_THROWS_WITH_AS(train::parse_parallel_mode("tpu"), Contains("unknown parallel mode 'tpu'"), Error);
   Run r = make_run(1, false, "", log);
   std::string bogus = scratch("bogus.safetensors");
@@ -174,13 +175,16 @@ struct CountingStrategy : train::Strategy {
   train::SingleDevice single;
   int prepared = 0, steps = 0, reductions = 0, sharded = 0;
   train::ParallelMode mode() const override { return train::ParallelMode::Single; }
-  bool is_main_process() const override { return false; }
+  int rank() const override { return 1; }
   std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model) override {
     ++prepared;
     return single.prepare(model);
   }
   Device input_device() const override { return single.input_device(); }
-  void shard(data::DataLoader&) override { ++sharded; }
+  std::shared_ptr<data::DataLoader> shard(std::shared_ptr<data::DataLoader> loader, bool training) override {
+    sharded += training ? 10 : 1;
+    return loader;
+  }
   Tensor train_step(nn::Module& model, const data::Batch& batch, const train::Criterion& criterion,
                     optim::Optimizer& optimizer) override {
     ++steps;
@@ -208,7 +212,7 @@ TEST_CASE("the loop asks its strategy: prepare, shard, step, reduce; only the ma
   train::TrainLoop loop(r.model, train_loader, nullptr, test_loader, r.optimizer,
                         [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); }, options);
   CHECK(strategy->prepared == 1);
-  CHECK(strategy->sharded == 2);
+  CHECK(strategy->sharded == 11);  // the train loader and the test loader
   log.str("");
   auto results = loop.fit(1);
   CHECK(strategy->steps == 4);

@@ -29,7 +29,7 @@ expect_failure "--model: " --model transformer
 expect_failure "dataset-fashion-mnist" --data-dir "$dir/nowhere" --epochs 1
 expect_failure "invalid device 'gpu'" --data synthetic --device gpu
 expect_failure "not a safetensors file" --data synthetic --model mlp --resume "$dir/metrics.json"
-expect_failure "'ddp' is not implemented yet" --data synthetic --mode ddp
+expect_failure "'pipeline' is not implemented yet" --data synthetic --mode pipeline
 expect_failure "devices must all be CPU devices or all CUDA devices, got cpu:0 and cuda:0" --data synthetic --mode dp --devices cpu:0,cuda:0
 expect_failure "device cpu:1 is given twice" --data synthetic --mode dp --devices cpu:1,cpu:1
 expect_failure "--mode dp takes --devices" --data synthetic --mode dp --device cpu:0
@@ -54,4 +54,38 @@ value() {  # value FILE KEY: a string's text or a number, from the flat metrics 
 single_accuracy=$(value "$dir/single.json" test_accuracy) dp_accuracy=$(value "$dir/dp.json" test_accuracy)
 awk -v a="$single_accuracy" -v b="$dp_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' ||
   { echo "FAIL: dp test accuracy $dp_accuracy is not within 0.01 of the single-device $single_accuracy"; exit 1; }
-echo "weft-train: resume is byte-identical; metrics and errors as expected; dp accuracy $dp_accuracy vs single $single_accuracy (${data[*]})"
+
+# --mode ddp, self-started through weft-run: 2 ranks of 50 samples a batch reach the accuracy
+# of one process at batch 100; the metrics count the ranks.
+"$train" "${data[@]}" --model mlp --epochs 1 --batch-size 50 --seed 1 --no-progress --mode ddp --nproc 2 \
+  --metrics-json "$dir/ddp.json" > "$dir/ddp.log" 2>&1 || { echo "FAIL: --mode ddp:"; cat "$dir/ddp.log"; exit 1; }
+[ "$(value "$dir/ddp.json" mode)" = ddp ] && [ "$(value "$dir/ddp.json" world_size)" = 2 ] ||
+  { echo "FAIL: ddp metrics:"; cat "$dir/ddp.json"; exit 1; }
+ddp_accuracy=$(value "$dir/ddp.json" test_accuracy)
+awk -v a="$single_accuracy" -v b="$ddp_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' ||
+  { echo "FAIL: ddp test accuracy $ddp_accuracy is not within 0.01 of the single-device $single_accuracy"; exit 1; }
+expect_failure "--mode ddp runs one process per device" --data synthetic --mode ddp --nproc 2 --devices cpu:0,cpu:1
+
+# A rank killed in the middle of an epoch: weft-run stops the other within 30 s and names it.
+"$train" --data synthetic --model mlp --epochs 50 --batch-size 20 --no-progress --mode ddp --nproc 2 \
+  > "$dir/killed.log" 2>&1 &
+launcher=$!
+victim=""
+for _ in $(seq 1 100); do  # weft-train became weft-run (exec): find rank 1 among its workers
+  for child in $(pgrep -P $launcher 2>/dev/null); do
+    tr '\0' '\n' < "/proc/$child/environ" 2>/dev/null | grep -qx "RANK=1" && victim=$child
+  done
+  [ -n "$victim" ] && grep -q "joined the default" "$dir/killed.log" && break
+  sleep 0.1
+done
+[ -n "$victim" ] || { echo "FAIL: rank 1 of the ddp job was not found"; kill -9 $launcher; cat "$dir/killed.log"; exit 1; }
+sleep 0.5
+kill -9 "$victim"
+start=$SECONDS
+if timeout 60 tail --pid=$launcher -f /dev/null; then :; fi
+wait $launcher && { echo "FAIL: the ddp job succeeded after its rank 1 was killed"; exit 1; }
+[ $((SECONDS - start)) -le 30 ] || { echo "FAIL: the ddp job took $((SECONDS - start)) s to stop"; exit 1; }
+grep -q "rank 1 (pid $victim) was killed by signal 9" "$dir/killed.log" ||
+  { echo "FAIL: weft-run did not name the killed rank:"; cat "$dir/killed.log"; exit 1; }
+
+echo "weft-train: resume is byte-identical; metrics and errors as expected; dp accuracy $dp_accuracy, ddp $ddp_accuracy vs single $single_accuracy (${data[*]})"

@@ -9,7 +9,8 @@ namespace weft::train {
 ParallelMode parse_parallel_mode(const std::string& name) {
   if (name == "single") return ParallelMode::Single;
   if (name == "dp") return ParallelMode::DataParallel;
-  WEFT_CHECK(name != "ddp" && name != "pipeline", "parallel mode '", name,
+  if (name == "ddp") return ParallelMode::DistributedDataParallel;
+  WEFT_CHECK(name != "pipeline", "parallel mode '", name,
              "' is not implemented yet (the parallel layer adds it); use single");
   WEFT_FAIL("unknown parallel mode '", name, "' (expected single, dp, ddp or pipeline)");
 }
@@ -18,6 +19,7 @@ const char* parallel_mode_name(ParallelMode mode) {
   switch (mode) {
     case ParallelMode::Single: return "single";
     case ParallelMode::DataParallel: return "dp";
+    case ParallelMode::DistributedDataParallel: return "ddp";
   }
   return "unknown";
 }

@@ -27,8 +27,8 @@
 namespace weft::train {
 
 // weft-train's --mode and the metrics' "mode" (PyTorch's TrainLoop calls it gpu_mode).
-enum class ParallelMode { Single, DataParallel };
-// "single", "dp"; "ddp" and "pipeline" are refused until the parallel layer adds them.
+enum class ParallelMode { Single, DataParallel, DistributedDataParallel };
+// "single", "dp", "ddp"; "pipeline" is refused until the parallel layer adds it.
 ParallelMode parse_parallel_mode(const std::string& name);
 const char* parallel_mode_name(ParallelMode mode);
 
@@ -50,16 +50,22 @@ class Strategy {
   virtual ParallelMode mode() const = 0;
   // Devices (dp, pipeline) or processes (ddp) that share one step; metrics' world_size.
   virtual int world_size() const { return 1; }
-  // This process logs, writes metrics and checkpoints (rank 0 in ddp; always otherwise).
-  virtual bool is_main_process() const { return true; }
+  // This process's rank among them (0 but in ddp), and whether it is the one that logs,
+  // writes metrics and checkpoints (rank 0).
+  virtual int rank() const { return 0; }
+  bool is_main_process() const { return rank() == 0; }
 
   // Called once, by the TrainLoop's constructor: checks, moves or wraps the model and
   // returns the module the loop calls forward on.
   virtual std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model) = 0;
   // Where the loop delivers batches (and sums the epoch's totals).
   virtual Device input_device() const = 0;
-  // Restricts a loader to this process's share of the samples (ddp); others: nothing.
-  virtual void shard(data::DataLoader& loader) {}
+  // This process's share of a loader's samples (ddp: a loader over the same data with a
+  // DistributedSampler when `training`, a DistributedEvalSampler otherwise, so that every
+  // test sample is counted once); others: the loader itself.
+  virtual std::shared_ptr<data::DataLoader> shard(std::shared_ptr<data::DataLoader> loader, bool training) {
+    return loader;
+  }
   // One step on one batch: zero the grads, forward, loss, backward, optimizer step.
   // Returns the batch's loss on input_device(), not read back.
   virtual Tensor train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,

@@ -31,11 +31,22 @@ TrainLoop::TrainLoop(std::shared_ptr<nn::Module> model, std::shared_ptr<data::Da
              "optimizer and the criterion are required");
   if (!strategy_) strategy_ = std::make_shared<SingleDevice>();
   runner_ = strategy_->prepare(model_);
-  for (auto* loader : {train_loader_.get(), val_loader_.get(), test_loader_.get()})
-    if (loader) strategy_->shard(*loader);
+  train_loader_ = strategy_->shard(train_loader_, /*training=*/true);
+  if (val_loader_) val_loader_ = strategy_->shard(val_loader_, false);
+  if (test_loader_) test_loader_ = strategy_->shard(test_loader_, false);
 }
 
 namespace {
+
+// Rank 0 writes the trace where asked; rank r > 0 beside it: run.trace.json -> run.trace.rank1.json.
+std::string trace_path_for_rank(const std::string& path, int rank) {
+  if (rank == 0 || path.empty()) return path;
+  const std::string suffix = ".json";
+  const std::string tag = ".rank" + std::to_string(rank);
+  if (path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0)
+    return path.substr(0, path.size() - suffix.size()) + tag + suffix;
+  return path + tag;
+}
 
 // Only the main process speaks; the others write into a stream that discards.
 std::ostream& log_stream(const TrainLoopOptions& o, const Strategy& strategy) {
@@ -95,8 +106,9 @@ EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
 std::vector<EpochResult> TrainLoop::fit(int epochs) {
   std::ostream& log = log_stream(options_, *strategy_);
   const bool tracing = !options_.trace_path.empty();
+  const std::string trace_path = trace_path_for_rank(options_.trace_path, strategy_->rank());
   if (tracing) {
-    trace::check_writable(options_.trace_path);  // before the work, not after it
+    trace::check_writable(trace_path);  // before the work, not after it
     trace::start();
   }
   struct StopTracing {  // a fit() that throws still ends its recording
@@ -122,7 +134,7 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
     for (auto& cb : callbacks_) cb->on_epoch_end(*this, result);
     results.push_back(result);
   }
-  if (tracing) trace::write(options_.trace_path);
+  if (tracing) trace::write(trace_path);
   return results;
 }
 

@@ -60,7 +60,8 @@ struct TrainLoopOptions {
   std::ostream* log = nullptr;  // where progress and epoch lines go (default std::cout)
   // fit() records a Chrome trace of its steps (core/trace.h: one row per device, spans for
   // each step's forward, backward and optimizer step, DataParallel's scatter, replicate,
-  // per-replica forward and gather, evaluation, checkpoints) and writes it here at the end.
+  // per-replica forward and gather, DDP's bucket all-reduces, evaluation, checkpoints) and
+  // writes it here at the end (rank r > 0 of a ddp run: NAME.rank<r>.json beside it).
   std::string trace_path;
 };
 

@@ -1,0 +1,264 @@
+// ddp_overhead: what DistributedDataParallel costs, and how much of its communication it
+// hides behind backward.
+//
+//   build/bench/ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N]
+//                            [--ranks 1,2,4] [--bucket-mb MB] [--json FILE]
+//
+// For each world size it starts that many ranks (this executable again, as local CPU
+// processes with weft-run's variables, Gloo over loopback; under a launcher it is one rank
+// of that job). Each rank trains the model with DDP on its own batch of --batch samples
+// (the per-rank batch stays fixed: weak scaling, as DDP is used) and reports the median
+// step. At world size 1 the plain model's step is timed too: the ratio is DDP's own cost
+// (target <= 1.03x). The hidden fraction: during the timed steps a trace is recorded
+// (core/trace.h), and of the time the bucket all-reduces ran (their spans on the Gloo
+// lane) the share that fell while backward was still computing (inside its span on the
+// compute lane, before the reducer's final "wait for buckets") is hidden.
+// bench/reference/ddp_overhead.py runs PyTorch's DDP (Gloo, CPU) on the same models in the
+// same way, and its figures are printed beside weft's.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <weft.h>
+
+#include "bench_util.h"
+
+using namespace weft;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Config {
+  std::string models = "all", ranks = "1,2,4", json;
+  int64_t batch = 64;
+  int steps = 15;
+  // Both models are smaller than one default bucket (25 MB; the first 1 MB), which would
+  // leave nothing to overlap: buckets of 32 KB give ConvNet 4 and ResNet 10.
+  double bucket_mb = 1.0 / 32;
+};
+
+std::shared_ptr<nn::Module> make_model(const std::string& name) {
+  Generator gen(7);
+  if (name == "convnet") return std::make_shared<nn::ConvNet>(10, &gen);
+  return std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &gen);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// One training step of `runner` (a model, or DDP around one) on this rank's batch, in ms.
+double train_step(nn::Module& runner, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
+  auto t = Clock::now();
+  opt.zero_grad();
+  Tensor loss;
+  {
+    TraceSpan span("forward", kCPU);
+    loss = cross_entropy(runner.forward(x), y);
+  }
+  {
+    TraceSpan span("backward", kCPU);  // DDP's final wait for the buckets runs inside
+    loss.backward();
+  }
+  opt.step();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Median steps of each runner, their steps taken in turns (a slow spell of a shared
+// machine lands on all of them alike).
+std::vector<double> time_steps(const std::vector<std::pair<nn::Module*, optim::Optimizer*>>& runners, const Tensor& x,
+                               const Tensor& y, int steps) {
+  for (int i = 0; i < 3; ++i)
+    for (auto [m, o] : runners) train_step(*m, *o, x, y);
+  std::vector<std::vector<double>> ms(runners.size());
+  for (int i = 0; i < steps; ++i)
+    for (size_t k = 0; k < runners.size(); ++k) ms[k].push_back(train_step(*runners[k].first, *runners[k].second, x, y));
+  std::vector<double> out;
+  for (auto& v : ms) out.push_back(median(v));
+  return out;
+}
+
+// Of the all-reduce time in the trace, the share that ran while backward was still
+// computing: inside a "backward" span but not inside the reducer's "wait for buckets" at its
+// end (there backward has nothing left to do but wait).
+double hidden_fraction(const std::string& trace_json) {
+  auto doc = nlohmann::json::parse(trace_json);
+  std::vector<std::pair<double, double>> backward, waiting, reduce;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    const double begin = e["ts"].get<double>(), end = begin + e["dur"].get<double>();
+    const std::string name = e["name"].get<std::string>();
+    if (name == "backward") backward.emplace_back(begin, end);
+    if (name == "wait for buckets") waiting.emplace_back(begin, end);
+    if (name == "all_reduce") reduce.emplace_back(begin, end);
+  }
+  auto overlap = [](double b, double e, const std::vector<std::pair<double, double>>& spans) {
+    double sum = 0;
+    for (auto [sb, se] : spans) sum += std::max(0.0, std::min(e, se) - std::max(b, sb));
+    return sum;
+  };
+  double total = 0, hidden = 0;
+  for (auto [b, e] : reduce) {
+    total += e - b;
+    hidden += overlap(b, e, backward) - overlap(b, e, waiting);
+  }
+  return total > 0 ? hidden / total : 0;
+}
+
+int run_rank(const Config& c) {
+  parallel::init_process_group("gloo");
+  const int rank = parallel::get_rank(), world = parallel::get_world_size();
+  std::vector<std::string> names =
+      c.models == "all" ? std::vector<std::string>{"convnet", "resnet"} : std::vector<std::string>{c.models};
+  bench::JsonWriter json;
+  for (const std::string& name : names) {
+    Generator data(100 + rank);
+    Tensor x = randn({c.batch, 1, 28, 28}, DType::Float32, &data), y = randint(0, 10, {c.batch}, DType::Int64, &data);
+    auto model = make_model(name);
+    parallel::DDPOptions options;
+    options.bucket_cap_mb = options.first_bucket_mb = c.bucket_mb;
+    parallel::DistributedDataParallel ddp(model, nullptr, options);
+    optim::SGD sgd(model->parameters(), optim::SGDOptions{0.01, 0.9});
+    double step = 0, plain = 0, hidden = 0;
+    if (world == 1) {  // DDP's own cost: against the plain model, in turns
+      auto bare = make_model(name);
+      optim::SGD bare_sgd(bare->parameters(), optim::SGDOptions{0.01, 0.9});
+      auto ms = time_steps({{&ddp, &sgd}, {bare.get(), &bare_sgd}}, x, y, c.steps);
+      step = ms[0], plain = ms[1];
+    } else {  // with a trace of the steps, for the hidden share
+      trace::start();
+      step = time_steps({{&ddp, &sgd}}, x, y, c.steps)[0];
+      trace::stop();
+      hidden = hidden_fraction(trace::json());
+    }
+    // The slowest rank's step, and the least hidden share.
+    Tensor stats = tensor(std::vector<double>{step, -hidden});
+    parallel::default_group().all_reduce(stats, parallel::ReduceOp::Max)->wait();
+    auto v = stats.to_vector<double>();
+    if (rank == 0) {
+      std::cout << std::left << std::setw(9) << name << std::right << std::setw(6) << world << std::fixed
+                << std::setprecision(2) << std::setw(11) << v[0];
+      if (world == 1) std::cout << std::setw(11) << plain << std::setw(9) << v[0] / plain << "x";
+      else std::cout << std::setw(11) << "" << std::setw(10) << "";
+      std::cout << std::setw(10) << std::setprecision(0) << (world > 1 ? -v[1] * 100 : 0) << "%" << std::defaultfloat
+                << "\n";
+      const std::string key = name + "_" + std::to_string(world) + "ranks_";
+      json.add(key + "ddp_step_ms", v[0]);
+      if (world == 1) json.add(key + "plain_step_ms", plain);
+      json.add(key + "hidden_fraction", -v[1]);
+    }
+  }
+  if (rank == 0 && !c.json.empty()) json.write(c.json + "." + std::to_string(world) + "ranks");
+  parallel::destroy_process_group();
+  return 0;
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    throw std::runtime_error("no free port on 127.0.0.1");
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// This executable again as `world` ranks; waits for them.
+int launch(const char* self, char** argv, int world) {
+  const std::string port = std::to_string(free_port());
+  const int threads = std::max(1, num_threads() / world);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+      ::execv(self, argv);
+      std::_Exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  }
+  return failed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << "ddp_overhead: " << a << " needs a value\n";
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--model") c.models = next();
+    else if (a == "--batch") c.batch = std::stoll(next());
+    else if (a == "--steps") c.steps = std::stoi(next());
+    else if (a == "--ranks") c.ranks = next();
+    else if (a == "--json") c.json = next();
+    else if (a == "--bucket-mb") c.bucket_mb = std::stod(next());
+    else {
+      std::cerr << "ddp_overhead: unknown argument " << a
+                << " (expected --model, --batch, --steps, --ranks, --bucket-mb, --json)\n";
+      return 2;
+    }
+  }
+  if (!parallel::gloo_available()) {
+    std::cout << "# ddp_overhead: skipped: weft was built without Gloo\n";
+    return 0;
+  }
+  try {
+    if (parallel::launched_as_rank()) return run_rank(c);
+    std::cout << "# ddp_overhead: DDP (Gloo, CPU ranks as processes on this machine), batch " << c.batch
+              << " per rank, buckets of " << c.bucket_mb << " MB, median of " << c.steps << " steps; " << num_threads()
+              << " CPU threads shared by the ranks\n"
+              << "# model    ranks   ddp step   plain step    ratio    hidden\n"
+              << "#                     (ms)        (ms)              (all-reduce inside backward)" << std::endl;
+    int failed = 0;
+    std::stringstream list(c.ranks);
+    std::string item;
+    while (std::getline(list, item, ',')) failed |= launch(argv[0], argv, std::stoi(item));
+    auto torch = bench::run_reference("ddp_overhead.py", "--model " + c.models + " --batch " + std::to_string(c.batch) +
+                                                             " --steps " + std::to_string(c.steps) + " --ranks " +
+                                                             c.ranks + " --threads " + std::to_string(num_threads()) +
+                                                             " --bucket-mb " + std::to_string(c.bucket_mb));
+    if (torch.empty()) {
+      std::cout << "# PyTorch reference not run (no python3 with torch; tools/install-deps --bench)\n";
+    } else {
+      std::cout << "# PyTorch 1.13 DDP (Gloo, CPU), the same way:";
+      for (const auto& [key, value] : torch) std::cout << " " << key << " " << std::fixed << std::setprecision(2) << value;
+      std::cout << std::defaultfloat << "\n";
+    }
+    return failed;
+  } catch (const std::exception& e) {
+    std::cerr << "ddp_overhead: " << e.what() << "\n";
+    return 1;
+  }
+}

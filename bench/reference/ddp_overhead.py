@@ -1,0 +1,99 @@
+"""PyTorch side of bench/ddp_overhead: DistributedDataParallel (Gloo, CPU) on the same models.
+
+For each world size, spawns that many processes (torch.multiprocessing, Gloo over
+loopback); each trains the model with DDP on its own batch and reports the median step; at
+world size 1 the plain model is timed too. Writes a flat JSON of milliseconds:
+<model>_<n>ranks_ddp_step_ms and <model>_1ranks_plain_step_ms.
+
+    python3 bench/reference/ddp_overhead.py --model all --batch 64 --steps 15 --ranks 1,2,4 --json out.json
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dp_overhead import ResNet  # noqa: E402  (weft's nn::ResNet(1, 10, {1, 1, 1}))
+from train_convnet import ConvNet  # noqa: E402
+
+
+def median_step(model, x, y, steps):
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    times = []
+    for i in range(3 + steps):
+        start = time.perf_counter()
+        sgd.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        sgd.step()
+        if i >= 3:
+            times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def rank_main(rank, world, port, args, out_path):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(max(1, args.threads // world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = {}
+    names = ["convnet", "resnet"] if args.model == "all" else [args.model]
+    for name in names:
+        make = ConvNet if name == "convnet" else ResNet
+        torch.manual_seed(100 + rank)
+        x = torch.randn(args.batch, 1, 28, 28)
+        y = torch.randint(0, 10, (args.batch,))
+        if world == 1:
+            results[f"{name}_1ranks_plain_step_ms"] = median_step(make(), x, y, args.steps)
+        ddp = torch.nn.parallel.DistributedDataParallel(make(), bucket_cap_mb=args.bucket_mb)
+        step = torch.tensor([median_step(ddp, x, y, args.steps)])
+        dist.all_reduce(step, op=dist.ReduceOp.MAX)
+        results[f"{name}_{world}ranks_ddp_step_ms"] = step.item()
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="all")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--ranks", default="1,2,4")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    out = {}
+    for world in [int(w) for w in args.ranks.split(",")]:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            path = f.name
+        mp.spawn(rank_main, args=(world, free_port(), args, path), nprocs=world, join=True)
+        with open(path) as f:
+            out.update(json.load(f))
+        os.remove(path)
+    text = json.dumps(out, indent=2)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+// DistributedDataParallel: one model replica per process, gradients averaged across the
+// processes during backward (PyTorch's torch.nn.parallel.DistributedDataParallel; seed 004).
+//
+//   parallel::init_process_group("gloo");
+//   auto model = std::make_shared<nn::ConvNet>();
+//   auto ddp = std::make_shared<parallel::DistributedDataParallel>(model);  // the default group
+//   optim::SGD sgd(model->parameters(), {0.01, 0.9});
+//   // each rank: its own shard of every batch (data::DistributedSampler)
+//   cross_entropy((*ddp)(images), labels).backward();  // gradients now averaged over the ranks
+//   sgd.step();                                         // every rank takes the same step
+//
+// At construction every rank's parameters must have the same names, shapes and dtypes (an
+// error names the first that differs and the ranks), and rank 0's parameters and buffers
+// are broadcast to the others, so every replica starts equal. Each forward with grad mode on
+// broadcasts rank 0's buffers first (broadcast_buffers: BatchNorm's running statistics stay
+// equal; evaluation forwards do not, since the ranks' evaluation shards may differ in
+// length, and a collective in unequal numbers of forwards would hang) and
+// readies the Reducer (parallel/reducer.h), whose hooks launch each bucket's all-reduce as
+// soon as its gradients are in, overlapping communication with the rest of backward.
+// no_sync() skips the reduction: gradients accumulate locally, and the next synchronised
+// backward reduces the sum (gradient accumulation over several micro-batches).
+//
+// Where weft differs from PyTorch: one input tensor per forward (as nn::Module); the fp16 and
+// bf16 compression hooks wait for weft's half-precision dtypes (register_comm_hook takes
+// any CommHook meanwhile).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "nn/module.h"
+#include "parallel/process_group.h"
+#include "parallel/reducer.h"
+
+namespace weft::parallel {
+
+struct DDPOptions {
+  double bucket_cap_mb = 25;
+  double first_bucket_mb = 1;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  bool broadcast_buffers = true;
+};
+
+class DistributedDataParallel : public nn::Cloneable<DistributedDataParallel> {
+ public:
+  // group: null means the default group (parallel/distributed.h).
+  explicit DistributedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group = nullptr,
+                                   DDPOptions options = {});
+  DistributedDataParallel(const DistributedDataParallel& other);  // a shallow copy (clone); it gets no reducer
+
+  Tensor forward(const Tensor& input) override;
+
+  nn::Module& module() const { return child("module"); }
+  ProcessGroup& process_group() const { return *group_; }
+  Reducer& reducer() const;
+  const DDPOptions& options() const { return options_; }
+  void register_comm_hook(CommHook hook) { reducer().set_comm_hook(std::move(hook)); }
+  std::string extra_repr() const override;
+
+  // While alive, forward and backward skip the reduction (PyTorch's `with ddp.no_sync():`).
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp) : ddp_(ddp), previous_(ddp.require_sync_) { ddp.require_sync_ = false; }
+    ~NoSync() { ddp_.require_sync_ = previous_; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool previous_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+ private:
+  void check_same_parameters_on_every_rank() const;
+  void broadcast_from_rank0(const std::vector<Tensor>& tensors) const;
+
+  std::shared_ptr<ProcessGroup> group_;
+  DDPOptions options_;
+  std::shared_ptr<Reducer> reducer_;
+  bool require_sync_ = true;
+};
+
+}  // namespace weft::parallel

@@ -1,0 +1,278 @@
+// Reducer: buckets, gradient hooks, launches in bucket order, the end-of-backward wait.
+#include "parallel/reducer.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/trace.h"
+#include "kernels/elementwise.h"
+
+namespace weft::parallel {
+
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<Tensor>& params, const std::vector<size_t>& order,
+                                                int64_t first_cap_bytes, int64_t cap_bytes) {
+  WEFT_CHECK(order.size() == params.size(), "assign_buckets: the order lists ", order.size(), " parameters, not ",
+             params.size());
+  // One open bucket per (dtype, device); a bucket closes when the next parameter of its
+  // kind would pass the cap, and buckets are numbered in the order they close (the order
+  // their all-reduces will be launched in).
+  struct Open {
+    DType dtype;
+    Device device;
+    std::vector<size_t> params;
+    int64_t bytes = 0;
+  };
+  std::vector<Open> open;
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<bool> seen(params.size(), false);
+  for (size_t i : order) {
+    WEFT_CHECK(i < params.size() && !seen[i], "assign_buckets: the order is not a permutation of the parameters");
+    seen[i] = true;
+    const Tensor& p = params[i];
+    auto it = std::find_if(open.begin(), open.end(),
+                           [&](const Open& o) { return o.dtype == p.dtype() && o.device == p.device(); });
+    if (it == open.end()) {
+      open.push_back({p.dtype(), p.device(), {}, 0});
+      it = open.end() - 1;
+    }
+    const int64_t cap = buckets.empty() ? first_cap_bytes : cap_bytes;
+    if (!it->params.empty() && it->bytes + p.nbytes() > cap) {
+      buckets.push_back(std::move(it->params));
+      it->params.clear();
+      it->bytes = 0;
+    }
+    it->params.push_back(i);
+    it->bytes += p.nbytes();
+  }
+  for (Open& o : open)
+    if (!o.params.empty()) buckets.push_back(std::move(o.params));
+  return buckets;
+}
+
+Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, std::shared_ptr<ProcessGroup> group,
+                 ReducerOptions options)
+    : params_(std::move(params)), names_(std::move(names)), group_(std::move(group)), options_(options) {
+  WEFT_CHECK(group_ != nullptr, "Reducer: no process group");
+  WEFT_CHECK(names_.size() == params_.size(), "Reducer: ", names_.size(), " names for ", params_.size(), " parameters");
+  WEFT_CHECK(options_.bucket_cap_bytes > 0 && options_.first_bucket_cap_bytes > 0,
+             "Reducer: bucket caps must be positive");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    WEFT_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "Reducer: parameter '", names_[i],
+               "' must be a leaf that requires grad");
+    WEFT_CHECK(is_floating(p.dtype()), "Reducer: parameter '", names_[i], "' is ", p.dtype(),
+               "; gradients are reduced in floating dtypes");
+  }
+  hook_ = [](ProcessGroup& g, const Tensor& bucket) { return g.all_reduce(bucket, ReduceOp::Avg); };
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;  // backward meets the last layers first
+  build_buckets(assign_buckets(params_, order, options_.first_bucket_cap_bytes, options_.bucket_cap_bytes));
+  for (size_t i = 0; i < params_.size(); ++i)
+    hook_handles_.push_back(params_[i].register_post_accumulate_grad_hook([this, i](const Tensor&) { on_gradient(i); }));
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < params_.size() && i < hook_handles_.size(); ++i) params_[i].remove_hook(hook_handles_[i]);
+}
+
+void Reducer::set_comm_hook(CommHook hook) {
+  WEFT_CHECK(hook != nullptr, "Reducer::set_comm_hook: the hook is empty");
+  WEFT_CHECK(iterations_ == 0 && !expecting_, "Reducer::set_comm_hook: register the hook before the first backward");
+  hook_ = std::move(hook);
+  custom_hook_ = true;
+}
+
+void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) {
+  NoGradGuard no_grad;
+  bucket_indices_ = assignment;
+  buckets_.clear();
+  bucket_of_.assign(params_.size(), 0);
+  position_of_.assign(params_.size(), 0);
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    Bucket bucket;
+    bucket.params = assignment[b];
+    int64_t total = 0;
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const size_t i = bucket.params[k];
+      bucket.offsets.push_back(total);
+      total += params_[i].numel();
+      bucket_of_[i] = b;
+      position_of_[i] = k;
+    }
+    const Tensor& first = params_[bucket.params.front()];
+    bucket.buffer = zeros({total}, TensorOptions(first.dtype(), first.device()));
+    buckets_.push_back(std::move(bucket));
+  }
+  if (options_.gradient_as_bucket_view) {
+    // The gradients live in the buckets from now on: backward accumulates into them.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor slot = slot_of(i);
+      if (params_[i].grad().defined()) slot.copy_(params_[i].grad());
+      params_[i].set_grad(slot);
+    }
+  }
+}
+
+Tensor Reducer::slot_of(size_t param) const {
+  const Bucket& b = buckets_[bucket_of_[param]];
+  const Tensor& p = params_[param];
+  return b.buffer.narrow(0, b.offsets[position_of_[param]], p.numel()).view(p.shape());
+}
+
+void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs) {
+  for (const Bucket& b : buckets_)
+    WEFT_CHECK(!(expecting_ && b.work), "DistributedDataParallel: a forward started while the previous iteration's "
+               "gradients were still being reduced (call backward once per forward, and let it finish)");
+  for (Bucket& b : buckets_) {
+    b.pending = b.params.size();
+    b.work.reset();
+  }
+  ready_.assign(params_.size(), false);
+  arrivals_.clear();
+  next_to_launch_ = 0;
+  callback_queued_ = false;
+  expecting_ = true;
+  if (!options_.find_unused_parameters) return;
+  // Walk the graph back from the outputs: a parameter whose accumulator is not reached
+  // takes no part in this iteration, and is ready now (with zeros).
+  std::unordered_set<const Node*> seen;
+  std::vector<std::shared_ptr<Node>> stack;
+  for (const Tensor& out : outputs) {
+    Edge e = gradient_edge(out);
+    if (e.node && seen.insert(e.node.get()).second) stack.push_back(e.node);
+  }
+  while (!stack.empty()) {
+    std::shared_ptr<Node> node = std::move(stack.back());
+    stack.pop_back();
+    for (const Edge& next : node->next_edges())
+      if (next.node && seen.insert(next.node.get()).second) stack.push_back(next.node);
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!seen.count(gradient_edge(params_[i]).node.get())) mark_ready(i, /*has_gradient=*/false);
+}
+
+void Reducer::on_gradient(size_t param) {
+  if (!expecting_) return;  // no_sync(), or a backward without a forward through DDP
+  WEFT_CHECK(!ready_[param], "DistributedDataParallel: parameter '", names_[param], "' received a gradient twice in "
+             "one backward", options_.find_unused_parameters
+                                 ? " (find_unused_parameters found it unused in the forward, but backward reached it)"
+                                 : "");
+  if (!callback_queued_) {
+    queue_backward_callback([this] { finalize(); });
+    callback_queued_ = true;
+  }
+  arrivals_.push_back(param);
+  mark_ready(param, /*has_gradient=*/true);
+}
+
+// A group of one with the default hook has nothing to exchange: the gradients stay where
+// they are (DDP around one process costs its bookkeeping only).
+bool Reducer::alone() const {
+  return group_->size() == 1 && !custom_hook_ && !options_.gradient_as_bucket_view;
+}
+
+void Reducer::mark_ready(size_t param, bool has_gradient) {
+  NoGradGuard no_grad;
+  Tensor slot = slot_of(param);
+  const Tensor& grad = params_[param].grad();
+  if (alone()) {
+  } else if (!has_gradient) {
+    fill_(slot, 0.0);
+  } else if (!(grad.storage() == slot.storage() && grad.offset() == slot.offset())) {
+    slot.copy_(grad);  // (with gradient_as_bucket_view the gradient is the slot already)
+  }
+  ready_[param] = true;
+  --buckets_[bucket_of_[param]].pending;
+  launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  // In bucket order, so that every rank launches the same all-reduces in the same order.
+  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
+    Bucket& b = buckets_[next_to_launch_];
+    trace::instant("bucket " + std::to_string(next_to_launch_) + " ready", b.buffer.device());
+    if (!alone()) b.work = hook_(*group_, b.buffer);
+    ++next_to_launch_;
+  }
+}
+
+void Reducer::finalize() {
+  if (!expecting_) return;
+  expecting_ = false;
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!ready_[i]) missing.push_back(names_[i]);
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t k = 0; k < missing.size() && k < 10; ++k) list += (k ? ", " : "") + ("'" + missing[k] + "'");
+    if (missing.size() > 10) list += " and " + std::to_string(missing.size() - 10) + " more";
+    WEFT_FAIL("DistributedDataParallel (rank ", group_->rank(), "): parameter(s) ", list,
+              " received no gradient in this backward, so their buckets were never reduced and the other ranks are "
+              "left waiting. Parameters that do not take part in producing the loss need "
+              "DistributedDataParallel(..., {.find_unused_parameters = true}), which finds them after each forward; "
+              "otherwise make every parameter take part in every forward (PyTorch raises the same error)");
+  }
+  {
+    TraceSpan span("wait for buckets", params_.empty() ? kCPU : params_.front().device());
+    for (Bucket& b : buckets_)
+      if (b.work) b.work->wait();
+  }
+  // With find_unused_parameters, a parameter no rank used keeps no gradient (as on one
+  // process); the others get the average, zeros included.
+  if (alone()) {  // the gradients are where they were: nothing to write back
+    arrival_order_ = arrivals_;
+    ++iterations_;
+    if (!rebuilt_) rebuild_from_arrival_order();
+    return;
+  }
+  std::vector<bool> globally_used(params_.size(), true);
+  if (options_.find_unused_parameters) {
+    std::vector<double> used(params_.size());
+    for (size_t i : arrivals_) used[i] = 1;
+    Tensor flags = tensor(used, Shape{static_cast<int64_t>(used.size())}).to(DType::Float64);
+    if (!used.empty()) group_->all_reduce(flags, ReduceOp::Max)->wait();
+    auto v = flags.to_vector<double>();
+    for (size_t i = 0; i < v.size(); ++i) globally_used[i] = v[i] != 0;
+  }
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor slot = slot_of(i);
+    Tensor& p = params_[i];
+    if (!globally_used[i]) {
+      p.set_grad(Tensor());
+    } else if (options_.gradient_as_bucket_view) {
+      p.set_grad(slot);
+    } else if (p.grad().defined() && !(p.grad().storage() == slot.storage())) {
+      p.grad().copy_(slot);
+    } else {
+      p.set_grad(slot.clone());
+    }
+  }
+  arrival_order_ = arrivals_;
+  ++iterations_;
+  if (!rebuilt_) rebuild_from_arrival_order();
+}
+
+void Reducer::rebuild_from_arrival_order() {
+  rebuilt_ = true;
+  // Rank 0's order, so that every rank builds the same buckets; parameters that sent no
+  // gradient go last, in reverse registration order.
+  std::vector<double> order;
+  std::vector<bool> listed(params_.size(), false);
+  for (size_t i : arrival_order_) {
+    order.push_back(static_cast<double>(i));
+    listed[i] = true;
+  }
+  for (size_t k = params_.size(); k-- > 0;)
+    if (!listed[k]) order.push_back(static_cast<double>(k));
+  Tensor shared = tensor(order, Shape{static_cast<int64_t>(order.size())}).to(DType::Float64);
+  if (!order.empty()) group_->broadcast(shared, 0)->wait();
+  std::vector<size_t> agreed;
+  for (double v : shared.to_vector<double>()) agreed.push_back(static_cast<size_t>(v));
+  auto assignment = assign_buckets(params_, agreed, options_.first_bucket_cap_bytes, options_.bucket_cap_bytes);
+  if (assignment != bucket_indices_) build_buckets(assignment);
+}
+
+}  // namespace weft::parallel

@@ -1,0 +1,116 @@
+// Reducer: DistributedDataParallel's gradient all-reduce, bucketed and overlapped with
+// backward (PyTorch's c10d Reducer).
+//
+// Parameters are assigned to buckets in the order their gradients become ready: at first
+// the reverse of registration order (backward runs the last layers first), after the
+// first iteration the order the gradients actually arrived in on rank 0 (broadcast, so
+// every rank agrees). A bucket holds parameters of one dtype and device, up to bucket_cap
+// bytes (the first one only first_bucket_cap, so that communication starts early), in one
+// flat buffer. During backward a hook on each parameter (its post-accumulate-grad hook)
+// copies the gradient into its slot of the bucket; when a bucket's last gradient is in,
+// its all-reduce is launched asynchronously, in bucket order on every rank, while backward
+// goes on with the layers before. When backward has run every node, a callback waits for
+// the buckets (Note: the last one is launched last, so most of the communication is hidden)
+// and writes the averaged gradients back to the parameters.
+//
+// A parameter that took no part in the forward never gets a gradient, so its bucket would
+// never be launched and every rank would wait: with find_unused_parameters the reducer
+// walks the autograd graph from the forward's outputs and marks such parameters ready (with
+// zeros) before backward; without it, a parameter still missing at the end of backward is
+// an error that names it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/process_group.h"
+
+namespace weft::parallel {
+
+// What a bucket's communication does: given the group and the bucket's flat buffer (the
+// rank's summed gradients), start an operation that leaves the buffer holding the average
+// over ranks (PyTorch's register_comm_hook). The default: all_reduce with ReduceOp::Avg.
+using CommHook = std::function<std::shared_ptr<Work>(ProcessGroup& group, const Tensor& bucket)>;
+
+struct ReducerOptions {
+  int64_t bucket_cap_bytes = int64_t{25} << 20;
+  int64_t first_bucket_cap_bytes = int64_t{1} << 20;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+};
+
+// Parameter indices per bucket: `order` lists every parameter once, in the order their
+// gradients become ready; a bucket takes parameters of one dtype and device until adding
+// the next would pass the cap (the first bucket's is first_cap_bytes).
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<Tensor>& params, const std::vector<size_t>& order,
+                                                int64_t first_cap_bytes, int64_t cap_bytes);
+
+class Reducer {
+ public:
+  // names: the parameters' names, for errors.
+  Reducer(std::vector<Tensor> params, std::vector<std::string> names, std::shared_ptr<ProcessGroup> group,
+          ReducerOptions options);
+  ~Reducer();  // removes its hooks
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Called after each forward that a synchronised backward will follow: resets the
+  // buckets, and (find_unused_parameters) marks the parameters that `outputs` do not
+  // depend on as ready.
+  void prepare_for_backward(const std::vector<Tensor>& outputs);
+  // Between prepare_for_backward and the end of backward: the reducer is waiting for
+  // gradients.
+  bool expecting_gradients() const { return expecting_; }
+
+  void set_comm_hook(CommHook hook);
+  const std::vector<std::vector<size_t>>& buckets() const { return bucket_indices_; }
+  // Backward passes reduced so far.
+  int64_t iterations() const { return iterations_; }
+  // The order in which the last reduced backward delivered the gradients (parameter indices).
+  const std::vector<size_t>& arrival_order() const { return arrival_order_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    std::vector<int64_t> offsets;  // element offset of each parameter in `buffer`
+    Tensor buffer;                 // flat, on the parameters' device, in their dtype
+    size_t pending = 0;            // gradients still to come in this backward
+    std::shared_ptr<Work> work;
+  };
+
+  void build_buckets(const std::vector<std::vector<size_t>>& assignment);
+  Tensor slot_of(size_t param) const;  // the view of `param` in its bucket
+  void on_gradient(size_t param);      // the post-accumulate-grad hook
+  void mark_ready(size_t param, bool has_gradient);
+  void launch_ready_buckets();
+  void finalize();  // the end-of-backward callback
+  void rebuild_from_arrival_order();
+  bool alone() const;
+
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::shared_ptr<ProcessGroup> group_;
+  ReducerOptions options_;
+  CommHook hook_;
+  bool custom_hook_ = false;
+  std::vector<HookHandle> hook_handles_;
+
+  std::vector<std::vector<size_t>> bucket_indices_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;    // parameter -> bucket
+  std::vector<size_t> position_of_;  // parameter -> its place in its bucket
+  std::vector<bool> ready_;          // parameter -> its gradient is in its slot this backward
+  size_t next_to_launch_ = 0;
+  bool expecting_ = false;
+  bool callback_queued_ = false;
+  int64_t iterations_ = 0;
+  bool rebuilt_ = false;
+  std::vector<size_t> arrival_order_, arrivals_;
+};
+
+}  // namespace weft::parallel

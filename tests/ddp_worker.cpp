@@ -1,0 +1,218 @@
+// One rank of the DistributedDataParallel tests (tests/test_ddp.cpp starts several):
+//
+//   ddp_worker SCENARIO [ARGS]     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
+//
+// Every rank can compute the single-process reference itself (the data of every step is a
+// function of the step, each rank training on its rows of it), so each rank checks its own
+// DDP replica against the reference. Prints "FAIL: ..." lines and exits 1 on a failure.
+#include <cmath>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <weft.h>
+
+#include "parallel/distributed.h"
+#include "parallel/distributed_data_parallel.h"
+
+using namespace weft;
+using namespace weft::parallel;
+
+namespace {
+
+int failures = 0;
+void fail(const std::string& what) {
+  std::cout << "FAIL: rank " << get_rank() << ": " << what << std::endl;
+  ++failures;
+}
+
+std::shared_ptr<nn::Module> make_model(const std::string& name) {
+  Generator gen(7);
+  std::shared_ptr<nn::Module> m;
+  if (name == "convnet") m = std::make_shared<nn::ConvNet>(10, &gen);
+  else if (name == "resnet") m = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &gen);
+  else m = std::make_shared<nn::MLP>(20, std::vector<int64_t>{16, 12}, 10, 0.0, &gen);
+  m->to(DType::Float64);
+  if (name == "resnet") m->eval();  // BatchNorm on running statistics: what DDP matches (Note in test_ddp.cpp)
+  return m;
+}
+
+Shape sample_shape(const std::string& model) { return model == "mlp" ? Shape{20} : model == "resnet" ? Shape{1, 12, 12} : Shape{1, 28, 28}; }
+
+std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& name, const std::vector<Tensor>& params) {
+  if (name == "adam") return std::make_shared<optim::Adam>(params, optim::AdamOptions{0.01});
+  return std::make_shared<optim::SGD>(params, optim::SGDOptions{0.05, 0.9});
+}
+
+// The global batch of step s: ranks * per_rank samples.
+std::pair<Tensor, Tensor> batch(int step, int64_t rows, const Shape& sample) {
+  Generator gen(1000 + step);
+  Shape shape = sample;
+  shape.insert(0, rows);
+  return {randn(shape, TensorOptions(DType::Float64), &gen), randint(0, 10, {rows}, DType::Int64, &gen)};
+}
+
+bool close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double rtol, std::string* where) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto x = a[i].to_vector<double>(), y = b[i].to_vector<double>();
+    for (size_t k = 0; k < x.size(); ++k)
+      if (!(std::fabs(x[k] - y[k]) <= 1e-12 + rtol * std::fabs(y[k]))) {
+        std::ostringstream out;
+        out << "parameter " << i << " element " << k << ": " << x[k] << " vs " << y[k];
+        *where = out.str();
+        return false;
+      }
+  }
+  return true;
+}
+
+// DDP over the world, per-rank batch b, against one process on the whole batch.
+int scenario_equivalence(const std::string& model, const std::string& optimizer, bool bucket_view) {
+  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(60)});
+  const int rank = get_rank(), world = get_world_size();
+  const int64_t b = 3;
+  auto reference = make_model(model);
+  auto local = make_model(model);
+  DDPOptions options;
+  options.bucket_cap_mb = 0.02;  // several buckets even for the MLP
+  options.first_bucket_mb = 0.005;
+  options.gradient_as_bucket_view = bucket_view;
+  DistributedDataParallel ddp(local, nullptr, options);
+  auto opt_ref = make_optimizer(optimizer, reference->parameters());
+  auto opt_ddp = make_optimizer(optimizer, local->parameters());
+  for (int step = 0; step < 20; ++step) {
+    auto [x, y] = batch(step, world * b, sample_shape(model));
+    opt_ref->zero_grad();
+    cross_entropy(reference->forward(x), y).backward();
+    opt_ref->step();
+    opt_ddp->zero_grad();
+    cross_entropy(ddp(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b)).backward();
+    opt_ddp->step();
+  }
+  std::string where;
+  if (!close(local->parameters(), reference->parameters(), 1e-9, &where))
+    fail(model + "/" + optimizer + (bucket_view ? "/bucket views" : "") + ": DDP differs from one process: " + where);
+  if (ddp.reducer().iterations() != 20) fail("the reducer counted " + std::to_string(ddp.reducer().iterations()));
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+// Two backward passes under no_sync, then a synchronised one: the same as one process
+// accumulating the three full batches' gradients.
+int scenario_no_sync() {
+  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(60)});
+  const int rank = get_rank(), world = get_world_size();
+  const int64_t b = 2;
+  auto reference = make_model("mlp");
+  auto local = make_model("mlp");
+  DistributedDataParallel ddp(local);
+  optim::SGD opt_ref(reference->parameters(), optim::SGDOptions{0.1});
+  optim::SGD opt_ddp(local->parameters(), optim::SGDOptions{0.1});
+  for (int round = 0; round < 3; ++round) {
+    opt_ref.zero_grad();
+    opt_ddp.zero_grad();
+    for (int micro = 0; micro < 3; ++micro) {
+      auto [x, y] = batch(10 * round + micro, world * b, Shape{20});
+      cross_entropy(reference->forward(x), y).backward();
+      Tensor mine = x.narrow(0, rank * b, b), labels = y.narrow(0, rank * b, b);
+      if (micro < 2) {
+        auto guard = ddp.no_sync();
+        cross_entropy(ddp(mine), labels).backward();
+        if (ddp.reducer().expecting_gradients()) fail("no_sync readied the reducer");
+      } else {
+        cross_entropy(ddp(mine), labels).backward();
+      }
+    }
+    opt_ref.step();
+    opt_ddp.step();
+  }
+  std::string where;
+  if (!close(local->parameters(), reference->parameters(), 1e-9, &where)) fail("no_sync: " + where);
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+// A model whose second layer takes no part in the forward.
+struct HalfUsed : nn::Cloneable<HalfUsed> {
+  HalfUsed() : Cloneable("HalfUsed") {
+    Generator gen(3);
+    register_module("used", std::make_shared<nn::Linear>(4, 3, true, TensorOptions(DType::Float64), &gen));
+    register_module("unused", std::make_shared<nn::Linear>(4, 3, true, TensorOptions(DType::Float64), &gen));
+  }
+  Tensor forward(const Tensor& x) override { return child("used")(x); }
+};
+
+int scenario_unused(bool find_unused) {
+  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(20)});
+  auto model = std::make_shared<HalfUsed>();
+  DDPOptions options;
+  options.find_unused_parameters = find_unused;
+  DistributedDataParallel ddp(model, nullptr, options);
+  optim::SGD sgd(model->parameters(), optim::SGDOptions{0.1});
+  try {
+    for (int step = 0; step < 3; ++step) {
+      Generator gen(50 + step);
+      Tensor x = randn({4, 4}, DType::Float64, &gen), y = randint(0, 3, {4}, DType::Int64, &gen);
+      sgd.zero_grad();
+      cross_entropy(ddp(x), y).backward();
+      sgd.step();
+    }
+    if (!find_unused) fail("an unused parameter went unnoticed");
+    if (model->child("unused").param("weight").grad().defined()) fail("the unused weight got a gradient");
+    if (!model->child("used").param("weight").grad().defined()) fail("the used weight got no gradient");
+  } catch (const Error& e) {
+    std::cout << "error: " << e.what() << std::endl;
+    if (find_unused) fail("find_unused_parameters: " + std::string(e.what()));
+  }
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+// Rank 1 builds a different model: every rank must fail naming the parameter and the ranks.
+int scenario_mismatch() {
+  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(20)});
+  Generator gen(5);
+  auto model = std::make_shared<nn::MLP>(get_rank() == 1 ? 9 : 8, std::vector<int64_t>{6}, 3, 0.0, &gen);
+  try {
+    DistributedDataParallel ddp(model);
+    fail("different models were accepted");
+  } catch (const Error& e) {
+    std::cout << "error: " << e.what() << std::endl;
+  }
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+// Rank 0's initial weights reach every rank, whatever each one drew.
+int scenario_broadcast() {
+  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(20)});
+  Generator gen(100 + get_rank());
+  auto model = std::make_shared<nn::MLP>(8, std::vector<int64_t>{6}, 3, 0.0, &gen);
+  DistributedDataParallel ddp(model);
+  Generator rank0(100);
+  nn::MLP expected(8, {6}, 3, 0.0, &rank0);
+  std::string where;
+  if (!close(model->parameters(), expected.parameters(), 0, &where)) fail("rank 0's weights did not arrive: " + where);
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  const std::string arg1 = argc > 2 ? argv[2] : "", arg2 = argc > 3 ? argv[3] : "";
+  try {
+    if (scenario == "equivalence") return scenario_equivalence(arg1, arg2, argc > 4 && std::string(argv[4]) == "views");
+    if (scenario == "no_sync") return scenario_no_sync();
+    if (scenario == "unused") return scenario_unused(arg1 == "find");
+    if (scenario == "mismatch") return scenario_mismatch();
+    if (scenario == "broadcast") return scenario_broadcast();
+  } catch (const std::exception& e) {
+    std::cout << "FAIL: " << e.what() << std::endl;
+    return 1;
+  }
+  std::cerr << "ddp_worker: unknown scenario '" << scenario << "'\n";
+  return 2;
+}

@@ -1,0 +1,35 @@
+// Starting the ranks of a job from the program itself (seed 000's TrainLoop "spawns the
+// processes"): a program that finds it was not started as a rank runs itself again as
+// `nproc` ranks under weft-run, which sets each rank's variables, prefixes their output and
+// stops them all when one fails. In C++ a loop cannot fork the program half-way through, so
+// this is called first thing in main:
+//
+//   int main(int argc, char** argv) {
+//     if (!parallel::launched_as_rank()) train::run_as_ranks(2, argc, argv);  // does not return
+//     ... the training, as one rank (DistributedStrategy) ...
+//   }
+#pragma once
+
+#include <string>
+
+namespace weft::train {
+
+// A job across machines (seed 000's num_nodes and node_rank): each node runs the program
+// with its node rank, and all of them meet at rank 0's address.
+struct NodeOptions {
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;  // "" : weft-run's default (127.0.0.1)
+  int master_port = 0;      // 0 : weft-run's default (29500)
+};
+
+// Replaces this process with `weft-run --nproc-per-node nproc [node options] PROGRAM
+// ARGS...` (this program, /proc/self/exe, with its arguments); never returns: on failure it
+// throws. weft-run is looked up in WEFT_RUN, next to this program, next to where weft was
+// installed, then on PATH.
+[[noreturn]] void run_as_ranks(int nproc, int argc, char** argv, const NodeOptions& nodes = {});
+
+// Where run_as_ranks would find weft-run ("" when nowhere).
+std::string find_weft_run();
+
+}  // namespace weft::train
