@@ -12,10 +12,10 @@
 // parallel_apply's replicas, pipeline stages) start from their parent's number and the
 // parent continues after the furthest of them, so the order still depends only on what
 // each thread did, never on how the threads interleaved; ties (between such threads, and
-// between AccumulateGrads) are broken by the order in which nodes became ready, which this
-// single thread decides. Several backward passes may run at once on different threads
-// over different graphs. CUDA work is asynchronous, so one host thread still keeps every
-// device busy.
+// between AccumulateGrads) are broken by the ready queue (a binary heap), deterministically,
+// since this single thread pushes the same nodes in the same order on every run. Several
+// backward passes may run at once on different threads over different graphs. CUDA work
+// is asynchronous, so one host thread still keeps every device busy.
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>

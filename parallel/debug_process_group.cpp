@@ -107,6 +107,13 @@ class DebugProcessGroup final : public ProcessGroup {
     std::vector<std::string> seen_keys;
     for (int r = 0; r < size(); ++r) seen_keys.push_back(seen + std::to_string(r));
     store_->wait(seen_keys, timeout());
+    // Every rank has read call seq: the keys of the call before can go (the store would
+    // otherwise grow with every collective of a long run).
+    if (seq > 0) {
+      const std::string previous = "call_" + std::to_string(seq - 1) + "/";
+      store_->delete_key(previous + "rank_" + std::to_string(rank()));
+      store_->delete_key(previous + "seen_" + std::to_string(rank()));
+    }
     for (int r = 0; r < size(); ++r) {
       if (r == rank()) continue;
       const std::string& theirs = calls[r];

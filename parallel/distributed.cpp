@@ -96,7 +96,8 @@ std::shared_ptr<ProcessGroup> new_group_from_store(const std::string& backend, s
   if (backend == "gloo") {
     group = new_gloo_group(std::make_shared<PrefixStore>("gloo", store), rank, size, timeout, bind_host);
   } else if (backend == "nccl") {
-    WEFT_FAIL("process group: the nccl backend (CUDA tensors) is not built yet; use gloo (CPU tensors)");
+    WEFT_FAIL("process group: the nccl backend (CUDA tensors) is not built yet; use gloo with CPU tensors (weft-train: "
+              "--mode ddp --device cpu)");
   } else {
     WEFT_FAIL("process group: unknown backend '", backend, "' (expected gloo or nccl)");
   }
@@ -183,6 +184,11 @@ bool is_initialized() {
 ProcessGroup& default_group() {
   std::lock_guard lock(state_mutex);
   return *current("default_group").group;
+}
+
+std::shared_ptr<ProcessGroup> default_group_ptr() {
+  std::lock_guard lock(state_mutex);
+  return current("default_group_ptr").group;
 }
 
 int get_rank() { return default_group().rank(); }

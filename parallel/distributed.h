@@ -54,6 +54,9 @@ bool is_initialized();
 
 // The default group (an error naming init_process_group when there is none).
 ProcessGroup& default_group();
+// The same, shared: what holds on to the group (DDP does) keeps it alive after
+// destroy_process_group.
+std::shared_ptr<ProcessGroup> default_group_ptr();
 int get_rank();
 int get_world_size();
 // The store the default group met through (sub-groups and DDP use it too).

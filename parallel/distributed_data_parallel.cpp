@@ -34,7 +34,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> wra
                                                  std::shared_ptr<ProcessGroup> group, DDPOptions options)
     : Cloneable("DistributedDataParallel"), group_(std::move(group)), options_(options) {
   WEFT_CHECK(wrapped != nullptr, "DistributedDataParallel: the module is null");
-  if (!group_) group_ = std::shared_ptr<ProcessGroup>(&default_group(), [](ProcessGroup*) {});
+  if (!group_) group_ = default_group_ptr();
   WEFT_CHECK(options_.bucket_cap_mb > 0 && options_.first_bucket_mb > 0,
              "DistributedDataParallel: bucket_cap_mb and first_bucket_mb must be positive");
   register_module("module", std::move(wrapped));
@@ -74,14 +74,14 @@ void DistributedDataParallel::check_same_parameters_on_every_rank() const {
   const int64_t longest = length.item<int64_t>();
   std::vector<uint8_t> bytes(static_cast<size_t>(longest), 0);
   std::copy(mine.begin(), mine.end(), bytes.begin());
-  Tensor local = tensor(std::vector<double>(bytes.begin(), bytes.end()), Shape{longest}).to(DType::UInt8);
+  Tensor local = tensor(bytes, Shape{longest});
   std::vector<Tensor> all;
   for (int r = 0; r < group_->size(); ++r) all.push_back(zeros({longest}, DType::UInt8));
   if (longest > 0) group_->all_gather(all, local)->wait();
   std::vector<std::vector<std::string>> ranks;
   for (const Tensor& t : all) {
     std::string text;
-    for (int64_t v : t.to(DType::Int64).to_vector<int64_t>())
+    for (uint8_t v : t.to_vector<uint8_t>())
       if (v != 0) text += static_cast<char>(v);
     ranks.push_back(lines_of(text));
   }

@@ -140,8 +140,7 @@ class ProcessGroupGloo final : public ProcessGroup {
       with_type(tensor.dtype(), what, [&](auto zero) {
         using T = decltype(zero);
         gloo::AllreduceOptions opts(context_);
-        opts.setInput(io.ptr<T>(), io.count());
-        opts.setOutput(io.ptr<T>(), io.count());
+        opts.setOutput(io.ptr<T>(), io.count());  // in place: Gloo reads the output when no input is set
         opts.setReduceFunction(reduce_function<T>(op));
         opts.setTag(tag);
         opts.setTimeout(timeout());
@@ -296,7 +295,6 @@ class ProcessGroupGloo final : public ProcessGroup {
       with_type(output.dtype(), what, [&](auto zero) {
         using T = decltype(zero);
         gloo::AllreduceOptions opts(context_);
-        opts.setInput(static_cast<T*>(flat.raw_data()), flat.numel());
         opts.setOutput(static_cast<T*>(flat.raw_data()), flat.numel());
         opts.setReduceFunction(reduce_function<T>(op));
         opts.setTag(tag);
@@ -379,23 +377,36 @@ class ProcessGroupGloo final : public ProcessGroup {
   }
 
  private:
-  // A send or receive: its Work completes on the first wait() (Gloo's unbound buffers are
-  // waited for by the thread that asks).
+  // A send or receive. Gloo's unbound buffers are waited for by a thread that asks, so the
+  // operation is known to be complete once a wait() has returned: is_completed() and
+  // exception() say what the last wait() found, and never block. One thread waits at a
+  // time; others wait for it.
   class PointToPointWork final : public Work {
    public:
     PointToPointWork(std::string what, std::chrono::milliseconds timeout,
                      std::function<bool(std::chrono::milliseconds)> wait_fn)
         : what_(std::move(what)), timeout_(timeout), wait_fn_(std::move(wait_fn)) {}
     void wait(std::chrono::milliseconds timeout) override {
-      std::lock_guard lock(mutex_);
+      if (timeout.count() <= 0) timeout = timeout_;
+      std::unique_lock lock(mutex_);
+      if (waiting_) {
+        const bool done = cv_.wait_for(lock, timeout, [&] { return done_; });
+        WEFT_CHECK(done, what_, ": not done after ", timeout.count(), " ms");
+      }
       if (!done_) {
+        waiting_ = true;
+        lock.unlock();
+        std::exception_ptr error;
         try {
-          bool ok = wait_fn_(timeout.count() > 0 ? timeout : timeout_);
-          if (!ok) error_ = std::make_exception_ptr(Error(what_ + ": did not complete"));
+          if (!wait_fn_(timeout)) error = std::make_exception_ptr(Error(what_ + ": did not complete"));
         } catch (const std::exception& e) {
-          error_ = std::make_exception_ptr(Error(what_ + ": " + e.what()));
+          error = std::make_exception_ptr(Error(what_ + ": " + e.what()));
         }
+        lock.lock();
+        error_ = error;
         done_ = true;
+        waiting_ = false;
+        cv_.notify_all();
       }
       if (error_) std::rethrow_exception(error_);
     }
@@ -413,7 +424,8 @@ class ProcessGroupGloo final : public ProcessGroup {
     std::chrono::milliseconds timeout_;
     std::function<bool(std::chrono::milliseconds)> wait_fn_;
     std::mutex mutex_;
-    bool done_ = false;
+    std::condition_variable cv_;
+    bool done_ = false, waiting_ = false;
     std::exception_ptr error_;
   };
 

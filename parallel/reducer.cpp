@@ -69,6 +69,7 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, std
   std::vector<size_t> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;  // backward meets the last layers first
   build_buckets(assign_buckets(params_, order, options_.first_bucket_cap_bytes, options_.bucket_cap_bytes));
+  used_since_reduction_.assign(params_.size(), false);
   for (size_t i = 0; i < params_.size(); ++i)
     hook_handles_.push_back(params_[i].register_post_accumulate_grad_hook([this, i](const Tensor&) { on_gradient(i); }));
 }
@@ -106,10 +107,12 @@ void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) 
     buckets_.push_back(std::move(bucket));
   }
   if (options_.gradient_as_bucket_view) {
-    // The gradients live in the buckets from now on: backward accumulates into them.
+    // The gradients that exist live in the buckets from now on: backward accumulates into
+    // them (a parameter without one stays without, as the optimizer expects).
     for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].grad().defined()) continue;
       Tensor slot = slot_of(i);
-      if (params_[i].grad().defined()) slot.copy_(params_[i].grad());
+      slot.copy_(params_[i].grad());
       params_[i].set_grad(slot);
     }
   }
@@ -121,22 +124,48 @@ Tensor Reducer::slot_of(size_t param) const {
   return b.buffer.narrow(0, b.offsets[position_of_[param]], p.numel()).view(p.shape());
 }
 
+// A group of one with the default hook has nothing to exchange: the gradients stay where
+// they are (DDP around one process costs its bookkeeping only).
+bool Reducer::alone() const {
+  return group_->size() == 1 && !custom_hook_ && !options_.gradient_as_bucket_view;
+}
+
+void Reducer::wait_for_launched(std::vector<std::string>* errors) {
+  for (Bucket& b : buckets_) {
+    if (!b.work) continue;
+    try {
+      b.work->wait();
+    } catch (const std::exception& e) {
+      if (errors) errors->push_back(e.what());
+    }
+    b.work.reset();
+  }
+}
+
 void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs) {
-  for (const Bucket& b : buckets_)
-    WEFT_CHECK(!(expecting_ && b.work), "DistributedDataParallel: a forward started while the previous iteration's "
-               "gradients were still being reduced (call backward once per forward, and let it finish)");
+  if (expecting_ && callback_queued_) {
+    // A backward through DDP began and never reached its end (an exception in it): its
+    // buckets' collectives may have run on some ranks and not on others.
+    wait_for_launched(nullptr);
+    expecting_ = false;
+    WEFT_FAIL("DistributedDataParallel (rank ", group_->rank(), "): the previous backward failed before it finished, "
+              "so the ranks' collectives are out of step; stop every rank and start the job again");
+  }
+  // (A forward without backward leaves nothing in flight: unused parameters are only
+  // marked ready once backward has begun.)
   for (Bucket& b : buckets_) {
     b.pending = b.params.size();
     b.work.reset();
   }
   ready_.assign(params_.size(), false);
   arrivals_.clear();
+  unused_.clear();
   next_to_launch_ = 0;
   callback_queued_ = false;
   expecting_ = true;
   if (!options_.find_unused_parameters) return;
   // Walk the graph back from the outputs: a parameter whose accumulator is not reached
-  // takes no part in this iteration, and is ready now (with zeros).
+  // takes no part in this iteration; it is marked ready when backward begins.
   std::unordered_set<const Node*> seen;
   std::vector<std::shared_ptr<Node>> stack;
   for (const Tensor& out : outputs) {
@@ -150,10 +179,11 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs) {
       if (next.node && seen.insert(next.node.get()).second) stack.push_back(next.node);
   }
   for (size_t i = 0; i < params_.size(); ++i)
-    if (!seen.count(gradient_edge(params_[i]).node.get())) mark_ready(i, /*has_gradient=*/false);
+    if (!seen.count(gradient_edge(params_[i]).node.get())) unused_.push_back(i);
 }
 
 void Reducer::on_gradient(size_t param) {
+  if (options_.find_unused_parameters) used_since_reduction_[param] = true;  // no_sync steps count too
   if (!expecting_) return;  // no_sync(), or a backward without a forward through DDP
   WEFT_CHECK(!ready_[param], "DistributedDataParallel: parameter '", names_[param], "' received a gradient twice in "
              "one backward", options_.find_unused_parameters
@@ -162,26 +192,22 @@ void Reducer::on_gradient(size_t param) {
   if (!callback_queued_) {
     queue_backward_callback([this] { finalize(); });
     callback_queued_ = true;
+    for (size_t i : unused_) mark_ready(i);  // backward has begun: their buckets may go
   }
   arrivals_.push_back(param);
-  mark_ready(param, /*has_gradient=*/true);
+  mark_ready(param);
 }
 
-// A group of one with the default hook has nothing to exchange: the gradients stay where
-// they are (DDP around one process costs its bookkeeping only).
-bool Reducer::alone() const {
-  return group_->size() == 1 && !custom_hook_ && !options_.gradient_as_bucket_view;
-}
-
-void Reducer::mark_ready(size_t param, bool has_gradient) {
+void Reducer::mark_ready(size_t param) {
   NoGradGuard no_grad;
-  Tensor slot = slot_of(param);
   const Tensor& grad = params_[param].grad();
-  if (alone()) {
-  } else if (!has_gradient) {
-    fill_(slot, 0.0);
-  } else if (!(grad.storage() == slot.storage() && grad.offset() == slot.offset())) {
-    slot.copy_(grad);  // (with gradient_as_bucket_view the gradient is the slot already)
+  if (!alone()) {
+    Tensor slot = slot_of(param);
+    if (!grad.defined()) {
+      fill_(slot, 0.0);  // an unused parameter without an accumulated gradient contributes zeros
+    } else if (!(grad.storage() == slot.storage() && grad.offset() == slot.offset())) {
+      slot.copy_(grad);  // (with gradient_as_bucket_view the gradient is the slot already)
+    }
   }
   ready_[param] = true;
   --buckets_[bucket_of_[param]].pending;
@@ -204,6 +230,13 @@ void Reducer::finalize() {
   std::vector<std::string> missing;
   for (size_t i = 0; i < params_.size(); ++i)
     if (!ready_[i]) missing.push_back(names_[i]);
+  std::vector<std::string> errors;
+  {
+    // Every launched bucket is waited for, also on the way to an error: its all-reduce
+    // writes into the bucket, which the next iteration reuses.
+    TraceSpan span("wait for buckets", params_.empty() ? kCPU : params_.front().device());
+    wait_for_launched(&errors);
+  }
   if (!missing.empty()) {
     std::string list;
     for (size_t k = 0; k < missing.size() && k < 10; ++k) list += (k ? ", " : "") + ("'" + missing[k] + "'");
@@ -214,63 +247,58 @@ void Reducer::finalize() {
               "DistributedDataParallel(..., {.find_unused_parameters = true}), which finds them after each forward; "
               "otherwise make every parameter take part in every forward (PyTorch raises the same error)");
   }
-  {
-    TraceSpan span("wait for buckets", params_.empty() ? kCPU : params_.front().device());
-    for (Bucket& b : buckets_)
-      if (b.work) b.work->wait();
-  }
-  // With find_unused_parameters, a parameter no rank used keeps no gradient (as on one
-  // process); the others get the average, zeros included.
-  if (alone()) {  // the gradients are where they were: nothing to write back
-    arrival_order_ = arrivals_;
-    ++iterations_;
-    if (!rebuilt_) rebuild_from_arrival_order();
-    return;
-  }
+  WEFT_CHECK(errors.empty(), "DistributedDataParallel (rank ", group_->rank(), "): a bucket's all-reduce failed: ",
+             errors.front());
+  arrival_order_ = arrivals_;
+  ++iterations_;
+  if (!alone()) write_back();
+  if (!rebuilt_) rebuild_from_arrival_order();
+}
+
+void Reducer::write_back() {
+  // With find_unused_parameters, a parameter that no rank used since the last reduction
+  // keeps whatever gradient it had (none, usually), as on one process.
   std::vector<bool> globally_used(params_.size(), true);
   if (options_.find_unused_parameters) {
-    std::vector<double> used(params_.size());
-    for (size_t i : arrivals_) used[i] = 1;
-    Tensor flags = tensor(used, Shape{static_cast<int64_t>(used.size())}).to(DType::Float64);
+    std::vector<int64_t> used(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) used[i] = used_since_reduction_[i] ? 1 : 0;
+    Tensor flags = tensor(used, Shape{static_cast<int64_t>(used.size())});
     if (!used.empty()) group_->all_reduce(flags, ReduceOp::Max)->wait();
-    auto v = flags.to_vector<double>();
+    auto v = flags.to_vector<int64_t>();
     for (size_t i = 0; i < v.size(); ++i) globally_used[i] = v[i] != 0;
+    used_since_reduction_.assign(params_.size(), false);
   }
   NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (!globally_used[i]) continue;
     Tensor slot = slot_of(i);
     Tensor& p = params_[i];
-    if (!globally_used[i]) {
-      p.set_grad(Tensor());
-    } else if (options_.gradient_as_bucket_view) {
+    if (options_.gradient_as_bucket_view) {
       p.set_grad(slot);
-    } else if (p.grad().defined() && !(p.grad().storage() == slot.storage())) {
+    } else if (p.grad().defined()) {
       p.grad().copy_(slot);
     } else {
       p.set_grad(slot.clone());
     }
   }
-  arrival_order_ = arrivals_;
-  ++iterations_;
-  if (!rebuilt_) rebuild_from_arrival_order();
 }
 
 void Reducer::rebuild_from_arrival_order() {
   rebuilt_ = true;
   // Rank 0's order, so that every rank builds the same buckets; parameters that sent no
   // gradient go last, in reverse registration order.
-  std::vector<double> order;
+  std::vector<int64_t> order;
   std::vector<bool> listed(params_.size(), false);
   for (size_t i : arrival_order_) {
-    order.push_back(static_cast<double>(i));
+    order.push_back(static_cast<int64_t>(i));
     listed[i] = true;
   }
   for (size_t k = params_.size(); k-- > 0;)
-    if (!listed[k]) order.push_back(static_cast<double>(k));
-  Tensor shared = tensor(order, Shape{static_cast<int64_t>(order.size())}).to(DType::Float64);
-  if (!order.empty()) group_->broadcast(shared, 0)->wait();
+    if (!listed[k]) order.push_back(static_cast<int64_t>(k));
+  Tensor shared = tensor(order, Shape{static_cast<int64_t>(order.size())});
+  if (!order.empty() && group_->size() > 1) group_->broadcast(shared, 0)->wait();
   std::vector<size_t> agreed;
-  for (double v : shared.to_vector<double>()) agreed.push_back(static_cast<size_t>(v));
+  for (int64_t v : shared.to_vector<int64_t>()) agreed.push_back(static_cast<size_t>(v));
   auto assignment = assign_buckets(params_, agreed, options_.first_bucket_cap_bytes, options_.bucket_cap_bytes);
   if (assignment != bucket_indices_) build_buckets(assignment);
 }

@@ -15,9 +15,12 @@
 //
 // A parameter that took no part in the forward never gets a gradient, so its bucket would
 // never be launched and every rank would wait: with find_unused_parameters the reducer
-// walks the autograd graph from the forward's outputs and marks such parameters ready (with
-// zeros) before backward; without it, a parameter still missing at the end of backward is
-// an error that names it.
+// walks the autograd graph from the forward's outputs and, once backward has begun, marks
+// such parameters ready (contributing zeros, or the gradient they accumulated under
+// no_sync); a parameter no rank used keeps its gradient as it was. Without the flag, a
+// parameter still missing at the end of backward is an error that names it. A backward
+// that fails half-way leaves the ranks' collectives out of step: the next forward says so
+// instead of hanging.
 #pragma once
 
 #include <chrono>
@@ -86,9 +89,11 @@ class Reducer {
   void build_buckets(const std::vector<std::vector<size_t>>& assignment);
   Tensor slot_of(size_t param) const;  // the view of `param` in its bucket
   void on_gradient(size_t param);      // the post-accumulate-grad hook
-  void mark_ready(size_t param, bool has_gradient);
+  void mark_ready(size_t param);       // its gradient (or zeros, without one) is in its slot
   void launch_ready_buckets();
-  void finalize();  // the end-of-backward callback
+  void finalize();                     // the end-of-backward callback
+  void write_back();                   // the averages into the parameters' gradients
+  void wait_for_launched(std::vector<std::string>* errors);
   void rebuild_from_arrival_order();
   bool alone() const;
 
@@ -105,6 +110,8 @@ class Reducer {
   std::vector<size_t> bucket_of_;    // parameter -> bucket
   std::vector<size_t> position_of_;  // parameter -> its place in its bucket
   std::vector<bool> ready_;          // parameter -> its gradient is in its slot this backward
+  std::vector<size_t> unused_;       // find_unused_parameters: not reached by this forward
+  std::vector<bool> used_since_reduction_;  // find_unused_parameters: got a gradient (no_sync steps too)
   size_t next_to_launch_ = 0;
   bool expecting_ = false;
   bool callback_queued_ = false;

@@ -19,7 +19,8 @@ void QueuedWork::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   // A margin over the operation's own timeout, which the backend enforces and reports itself.
   const bool done = cv_.wait_for(lock, timeout + std::chrono::seconds(1), [&] { return done_; });
-  WEFT_CHECK(done, what_, ": not done after ", timeout.count(), " ms");
+  WEFT_CHECK(done, what_, ": not done after ", timeout.count(), " ms (it is still queued or running, and will "
+             "write into its tensors when it finishes)");
   if (error_) std::rethrow_exception(error_);
 }
 
@@ -77,6 +78,8 @@ void WorkQueue::run() {
       task.work->finish(std::current_exception());
     } catch (const std::exception& e) {  // a backend's own errors: a peer gone, a timeout
       task.work->finish(std::make_exception_ptr(Error(task.what + ": " + e.what())));
+    } catch (...) {
+      task.work->finish(std::make_exception_ptr(Error(task.what + ": failed with an exception of unknown type")));
     }
   }
 }

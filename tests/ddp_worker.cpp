@@ -7,6 +7,7 @@
 // DDP replica against the reference. Prints "FAIL: ..." lines and exits 1 on a failure.
 #include <cmath>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -169,6 +170,68 @@ int scenario_unused(bool find_unused) {
   return failures == 0 ? 0 : 1;
 }
 
+// Branch `a` always takes part, `b` when asked, `c` never.
+struct Branches : nn::Cloneable<Branches> {
+  bool use_b = false;
+  Branches() : Cloneable("Branches") {
+    Generator gen(4);
+    for (const char* name : {"a", "b", "c"})
+      register_module(name, std::make_shared<nn::Linear>(4, 3, true, TensorOptions(DType::Float64), &gen));
+  }
+  Tensor forward(const Tensor& x) override { return use_b ? child("a")(x) + child("b")(x) : child("a")(x); }
+};
+
+// With find_unused_parameters, a parameter some ranks used is averaged with the others'
+// zeros; one used only under no_sync is still reduced at the next synchronised backward;
+// one no rank used keeps its gradient as it was. Checked against one process summing every
+// rank's loss / world with each rank's choice of branches.
+int scenario_partial_use() {
+  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(60)});
+  const int rank = get_rank(), world = get_world_size();
+  const int64_t b = 2;
+  auto reference = std::make_shared<Branches>();
+  auto local = std::make_shared<Branches>();
+  DDPOptions options;
+  options.find_unused_parameters = true;
+  DistributedDataParallel ddp(local, nullptr, options);
+  optim::SGD opt_ref(reference->parameters(), optim::SGDOptions{0.1, 0.9});
+  optim::SGD opt_ddp(local->parameters(), optim::SGDOptions{0.1, 0.9});
+  // step 0: only the last rank uses b; step 1: every rank uses b under no_sync, none in the
+  // synchronised backward; step 2: none uses b.
+  auto uses_b = [&](int step, int micro, int r) { return step == 0 ? r == world - 1 : step == 1 && micro == 0; };
+  int seed = 0;
+  for (int step = 0; step < 3; ++step) {
+    opt_ref.zero_grad();
+    opt_ddp.zero_grad();
+    const int micros = step == 1 ? 2 : 1;
+    for (int micro = 0; micro < micros; ++micro) {
+      Generator gen(500 + seed++);
+      Tensor x = randn({world * b, 4}, TensorOptions(DType::Float64), &gen), y = randint(0, 3, {world * b}, DType::Int64, &gen);
+      for (int r = 0; r < world; ++r) {
+        reference->use_b = uses_b(step, micro, r);
+        (cross_entropy(reference->forward(x.narrow(0, r * b, b)), y.narrow(0, r * b, b)) * (1.0 / world)).backward();
+      }
+      local->use_b = uses_b(step, micro, rank);
+      std::optional<DistributedDataParallel::NoSync> no_sync;
+      if (micro + 1 < micros) no_sync.emplace(ddp);
+      cross_entropy(ddp(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b)).backward();
+    }
+    std::string where;
+    if (!close(local->parameters(), reference->parameters(), 0, &where)) fail("before step " + std::to_string(step));
+    auto grads = [](nn::Module& m) {
+      std::vector<Tensor> g;
+      for (const Tensor& p : m.parameters()) g.push_back(p.grad().defined() ? p.grad() : zeros(p.shape(), DType::Float64));
+      return g;
+    };
+    if (!close(grads(*local), grads(*reference), 1e-12, &where)) fail("gradients of step " + std::to_string(step) + ": " + where);
+    if (local->child("c").param("weight").grad().defined()) fail("the weight no rank used got a gradient");
+    opt_ref.step();
+    opt_ddp.step();
+  }
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
 // Rank 1 builds a different model: every rank must fail naming the parameter and the ranks.
 int scenario_mismatch() {
   init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(20)});
@@ -207,6 +270,7 @@ int main(int argc, char** argv) {
     if (scenario == "equivalence") return scenario_equivalence(arg1, arg2, argc > 4 && std::string(argv[4]) == "views");
     if (scenario == "no_sync") return scenario_no_sync();
     if (scenario == "unused") return scenario_unused(arg1 == "find");
+    if (scenario == "partial_use") return scenario_partial_use();
     if (scenario == "mismatch") return scenario_mismatch();
     if (scenario == "broadcast") return scenario_broadcast();
   } catch (const std::exception& e) {

@@ -79,6 +79,12 @@ TEST_CASE("DDP: unused parameters work with find_unused_parameters and are named
   }
 }
 
+TEST_CASE("DDP: find_unused_parameters with parameters used on some ranks, under no_sync only, or on none") {
+  if (skip_without_gloo()) return;
+  check_all_ok(test::run_ranks({worker, "partial_use"}, 2, std::chrono::seconds(60)));
+  check_all_ok(test::run_ranks({worker, "partial_use"}, 3, std::chrono::seconds(60)));
+}
+
 TEST_CASE("DDP: different models on different ranks fail on every rank, naming the parameter and the ranks") {
   if (skip_without_gloo()) return;
   auto outcomes = test::run_ranks({worker, "mismatch"}, 3, std::chrono::seconds(60));

@@ -64,6 +64,15 @@ awk -v a="$single_accuracy" -v b="$dp_accuracy" 'BEGIN { d = a - b; if (d < 0) d
 ddp_accuracy=$(value "$dir/ddp.json" test_accuracy)
 awk -v a="$single_accuracy" -v b="$ddp_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' ||
   { echo "FAIL: ddp test accuracy $ddp_accuracy is not within 0.01 of the single-device $single_accuracy"; exit 1; }
+# A ddp run resumes as a single one does: every rank reads rank 0's checkpoint.
+ddp=(--mode ddp --nproc 2)
+"$train" "${common[@]}" "${ddp[@]}" --epochs 2 --checkpoint "$dir/ddp_straight.st" > "$dir/ddp_straight.log" 2>&1 ||
+  { echo "FAIL: ddp with --checkpoint:"; cat "$dir/ddp_straight.log"; exit 1; }
+"$train" "${common[@]}" "${ddp[@]}" --epochs 1 --checkpoint "$dir/ddp_resumed.st" > /dev/null 2>&1
+"$train" "${common[@]}" "${ddp[@]}" --epochs 2 --resume "$dir/ddp_resumed.st" --checkpoint "$dir/ddp_resumed.st" \
+  > "$dir/ddp_resume.log" 2>&1 || { echo "FAIL: ddp --resume:"; cat "$dir/ddp_resume.log"; exit 1; }
+cmp "$dir/ddp_straight.st" "$dir/ddp_resumed.st" ||
+  { echo "FAIL: a resumed ddp run differs from an uninterrupted one"; exit 1; }
 expect_failure "--mode ddp runs one process per device" --data synthetic --mode ddp --nproc 2 --devices cpu:0,cpu:1
 
 # A rank killed in the middle of an epoch: weft-run stops the other within 30 s and names it.
@@ -88,4 +97,4 @@ wait $launcher && { echo "FAIL: the ddp job succeeded after its rank 1 was kille
 grep -q "rank 1 (pid $victim) was killed by signal 9" "$dir/killed.log" ||
   { echo "FAIL: weft-run did not name the killed rank:"; cat "$dir/killed.log"; exit 1; }
 
-echo "weft-train: resume is byte-identical; metrics and errors as expected; dp accuracy $dp_accuracy, ddp $ddp_accuracy vs single $single_accuracy (${data[*]})"
+echo "weft-train: resume is byte-identical (single and ddp); metrics and errors as expected; dp accuracy $dp_accuracy, ddp $ddp_accuracy vs single $single_accuracy (${data[*]})"

@@ -21,7 +21,7 @@ DistributedStrategy::DistributedStrategy(DistributedStrategyOptions options) : o
     const std::string backend = !options_.backend.empty() ? options_.backend : device_.is_cuda() ? "nccl" : "gloo";
     parallel::init_process_group(backend);
   }
-  group_ = std::shared_ptr<parallel::ProcessGroup>(&parallel::default_group(), [](parallel::ProcessGroup*) {});
+  group_ = parallel::default_group_ptr();
 }
 
 std::shared_ptr<nn::Module> DistributedStrategy::prepare(std::shared_ptr<nn::Module> model) {
