@@ -58,6 +58,7 @@
 #include "parallel/parallel_apply.h"
 #include "parallel/process_group.h"
 #include "parallel/process_group_gloo.h"
+#include "parallel/process_group_nccl.h"
 #include "parallel/replicate.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/store.h"

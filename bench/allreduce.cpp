@@ -1,21 +1,25 @@
-// allreduce: all-reduce speed in the format of NVIDIA's nccl-tests, for weft's Gloo backend
-// and weft's own ring (parallel/ring_allreduce.h) side by side, on local ranks over loopback.
+// allreduce: all-reduce speed in the format of NVIDIA's nccl-tests: on CPU ranks weft's Gloo
+// backend and weft's own ring (parallel/ring_allreduce.h) side by side; on GPUs
+// (--device cuda) weft's NCCL backend, the ring over NCCL's sends and receives, and
+// ncclAllReduce called directly (bench/nccl_direct.h), in the same run.
 //
-//   build/bench/allreduce [--ranks 2,4] [--min-bytes 8] [--max-bytes 256M] [--iters N]
-//                         [--type float32|float64] [--json FILE]
+//   build/bench/allreduce [--device cpu|cuda] [--ranks 2,4] [--min-bytes 8] [--max-bytes 256M]
+//                         [--iters N] [--type float32|float64] [--json FILE]
 //
 // Started by hand it starts its own ranks (this executable again, once per rank, with the
-// variables weft-run sets) for each world size in --ranks; started under weft-run, torchrun
-// or mpirun it is one rank of that job. Rank 0 prints, for each size: the element count,
-// type and reduce op, then per algorithm the time of one all-reduce (the mean over --iters
-// calls after a warm-up, the slowest rank's), algbw = bytes / time and busbw = algbw *
-// 2 (n - 1) / n, and #wrong, the elements that differ from the exact sum (every rank
-// contributes rank + 1 in every element, so the sum is an exact small integer).
+// variables weft-run sets, and NCCL over loopback sockets when ranks outnumber GPUs) for
+// each world size in --ranks; started under weft-run, torchrun or mpirun it is one rank of
+// that job. Rank 0 prints, for each size: the element count, type and reduce op, then per
+// algorithm the time of one all-reduce (the mean over --iters calls after a warm-up, the
+// slowest rank's; on GPUs the calls are queued back to back and the device synchronised
+// at the end, as nccl-tests does), algbw = bytes / time and busbw = algbw * 2 (n - 1) / n,
+// and #wrong, the elements that differ from the exact sum (every rank contributes rank + 1
+// in every element, so the sum is an exact small integer).
 //
 // How to read busbw: a ring all-reduce moves 2 (n - 1) / n of the buffer through every
 // rank's link, whatever n is, so busbw is the bandwidth each link sustained, comparable
-// across world sizes and with the hardware's figure (here: TCP over loopback, which is a
-// memory copy through the kernel).
+// across world sizes and with the hardware's figure (on CPU ranks: TCP over loopback,
+// which is a memory copy through the kernel; on GPUs: NVLink or PCIe).
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -36,8 +40,11 @@
 #include <weft.h>
 
 #include "bench_util.h"
+#include "nccl_direct.h"
 #include "parallel/distributed.h"
+#include "parallel/launch_env.h"
 #include "parallel/process_group_gloo.h"
+#include "parallel/process_group_nccl.h"
 #include "parallel/ring_allreduce.h"
 
 using namespace weft;
@@ -47,6 +54,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Config {
+  bool cuda = false;
   std::string ranks = "2,4";
   int64_t min_bytes = 8, max_bytes = int64_t{256} << 20;
   int iters = 0;  // 0: by size (more for small buffers)
@@ -70,80 +78,112 @@ struct Result {
   int64_t wrong = 0;
 };
 
-// One algorithm at one size: warm-up, timed loop, check; the slowest rank's time.
-Result measure(ProcessGroup& group, ProcessGroup& reducer, int64_t count, DType dtype, int iters) {
-  const int n = group.size();
-  Tensor t = full({count}, static_cast<double>(group.rank() + 1), TensorOptions(dtype, kCPU));
-  reducer.all_reduce(t)->wait();  // warm-up (and the connections' first use)
-  group.barrier()->wait();
-  auto start = Clock::now();
-  for (int i = 0; i < iters; ++i) {
-    fill_(t, static_cast<double>(group.rank() + 1));
-    reducer.all_reduce(t)->wait();
-  }
-  double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
-  // The fill_ is inside the loop: time it alone and take it out.
-  auto fill_start = Clock::now();
-  for (int i = 0; i < iters; ++i) fill_(t, static_cast<double>(group.rank() + 1));
-  const double fill_us = std::chrono::duration<double, std::micro>(Clock::now() - fill_start).count() / iters;
-  reducer.all_reduce(t)->wait();
-  const double expected = n * (n + 1) / 2.0;
-  Tensor wrong = ne(t, expected).to(DType::Int64);
-  Tensor stats = tensor(std::vector<double>{std::max(0.0, us - fill_us), static_cast<double>(sum(wrong).item())});
+// The slowest rank's time and every rank's wrong elements.
+Result slowest(ProcessGroup& group, Result mine, Device device) {
+  Tensor stats = tensor(std::vector<double>{mine.us, static_cast<double>(mine.wrong)}).to(device);
   group.all_reduce(stats, ReduceOp::Max)->wait();
   auto v = stats.to_vector<double>();
   return {v[0], static_cast<int64_t>(v[1])};
 }
 
+// One algorithm at one size: warm-up, timed loop, check; the slowest rank's time.
+Result measure(ProcessGroup& group, ProcessGroup& reducer, int64_t count, DType dtype, int iters, Device device) {
+  const int n = group.size();
+  const double mine = group.rank() + 1;
+  Tensor t = full({count}, mine, TensorOptions(dtype, device));
+  reducer.all_reduce(t)->wait();  // warm-up (and the connections' first use)
+  group.barrier()->wait();
+  double us = 0;
+  if (device.is_cuda()) {
+    // Queued back to back (the values grow; the check below starts again from rank + 1).
+    synchronize(device);
+    auto start = Clock::now();
+    for (int i = 0; i < iters; ++i) reducer.all_reduce(t)->wait();
+    synchronize(device);
+    us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
+  } else {
+    auto start = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      fill_(t, mine);
+      reducer.all_reduce(t)->wait();
+    }
+    us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
+    // The fill_ is inside the loop: time it alone and take it out.
+    auto fill_start = Clock::now();
+    for (int i = 0; i < iters; ++i) fill_(t, mine);
+    us = std::max(0.0, us - std::chrono::duration<double, std::micro>(Clock::now() - fill_start).count() / iters);
+  }
+  fill_(t, mine);
+  reducer.all_reduce(t)->wait();
+  return slowest(group, {us, sum(ne(t, n * (n + 1) / 2.0).to(DType::Int64)).item<int64_t>()}, device);
+}
+
 int run_rank(const Config& c) {
   InitOptions options;
   options.timeout = std::chrono::minutes(5);
-  init_process_group("gloo", options);
-  ProcessGroup& gloo = default_group();
-  auto ring = with_ring_all_reduce(std::shared_ptr<ProcessGroup>(&gloo, [](ProcessGroup*) {}));
-  const int n = gloo.size();
-  const bool print = gloo.rank() == 0;
+  init_process_group(c.cuda ? "nccl" : "gloo", options);
+  ProcessGroup& group = default_group();
+  const int n = group.size();
+  const Device device = c.cuda ? Device::cuda(read_launch_env().local_rank % cuda_device_count()) : kCPU;
+  auto ring = with_ring_all_reduce(std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
+  std::unique_ptr<bench::DirectNccl> direct;
+  if (c.cuda)
+    direct = std::make_unique<bench::DirectNccl>(*default_store(), group.rank(), n,
+                                                 read_launch_env().local_rank % cuda_physical_device_count(),
+                                                 c.max_bytes);
+  const bool print = group.rank() == 0;
   const int64_t element = element_size(c.dtype);
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
+  const std::vector<std::string> names = c.cuda ? std::vector<std::string>{"nccl", "ring", "direct"}
+                                                : std::vector<std::string>{"gloo", "ring"};
   bench::JsonWriter json;
   int64_t total_wrong = 0;
   if (print) {
-    std::cout << "#\n# allreduce: " << n << " ranks on this machine, Gloo over TCP (loopback); " << num_threads()
-              << " CPU thread(s) per rank\n"
-              << "#                                        gloo (weft's Gloo backend)         ring (parallel/ring_allreduce)\n"
-              << "#       size      count    type  redop     time   algbw   busbw  #wrong      time   algbw   busbw  #wrong\n"
-              << "#        (B)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n";
+    std::cout << "#\n# allreduce: " << n << " ranks on this machine, ";
+    if (c.cuda)
+      std::cout << cuda_physical_device_count() << " GPU(s); NCCL " << collective_library(DeviceType::CUDA).version()
+                << "\n#                                        nccl (weft's NCCL backend)        "
+                   "ring (over NCCL send/recv)        direct (ncclAllReduce)\n";
+    else
+      std::cout << "Gloo over TCP (loopback); " << num_threads() << " CPU thread(s) per rank\n"
+                << "#                                        gloo (weft's Gloo backend)        "
+                   "ring (parallel/ring_allreduce)\n";
+    std::cout << "#       size      count    type  redop";
+    for (size_t k = 0; k < names.size(); ++k) std::cout << "      time   algbw   busbw  #wrong";
+    std::cout << "\n#        (B)" << std::string(26, ' ');
+    for (size_t k = 0; k < names.size(); ++k) std::cout << "      (us)  (GB/s)  (GB/s)        ";
+    std::cout << "\n";
   }
   for (int64_t bytes = c.min_bytes; bytes <= c.max_bytes; bytes *= 2) {
     const int64_t count = std::max<int64_t>(1, bytes / element);
     const int iters = iterations(c, bytes);
-    Result g = measure(gloo, gloo, count, c.dtype, iters);
-    Result r = measure(gloo, *ring, count, c.dtype, iters);
-    total_wrong += g.wrong + r.wrong;
-    if (print) {
-      auto columns = [&](const Result& x) {
-        const double algbw = static_cast<double>(count * element) / (x.us * 1e3);
-        std::cout << std::setw(10) << std::fixed << std::setprecision(1) << x.us << std::setw(8) << std::setprecision(2)
-                  << algbw << std::setw(8) << algbw * bus_factor << std::setw(8) << x.wrong;
-        return algbw * bus_factor;
-      };
-      std::cout << std::setw(12) << count * element << std::setw(11) << count << std::setw(8)
-                << dtype_name(c.dtype) << std::setw(7) << "sum";
-      const double g_bus = columns(g);
-      std::cout << "  ";
-      const double r_bus = columns(r);
-      std::cout << "\n";
-      const std::string key = std::to_string(n) + "ranks_" + std::to_string(count * element) + "B_";
-      json.add(key + "gloo_us", g.us);
-      json.add(key + "gloo_busbw_GBps", g_bus);
-      json.add(key + "ring_us", r.us);
-      json.add(key + "ring_busbw_GBps", r_bus);
+    std::vector<Result> results{measure(group, group, count, c.dtype, iters, device),
+                                measure(group, *ring, count, c.dtype, iters, device)};
+    if (direct) {
+      bench::DirectResult d = direct->all_reduce(count, c.dtype, iters);
+      results.push_back(slowest(group, {d.us, d.wrong}, device));
     }
+    for (const Result& r : results) total_wrong += r.wrong;
+    if (!print) continue;
+    std::cout << std::setw(12) << count * element << std::setw(11) << count << std::setw(8) << dtype_name(c.dtype)
+              << std::setw(7) << "sum";
+    const std::string key = std::to_string(n) + "ranks_" + std::to_string(count * element) + "B_";
+    for (size_t k = 0; k < results.size(); ++k) {
+      const Result& x = results[k];
+      const double algbw = static_cast<double>(count * element) / (x.us * 1e3);
+      std::cout << std::setw(10) << std::fixed << std::setprecision(1) << x.us << std::setw(8) << std::setprecision(2)
+                << algbw << std::setw(8) << algbw * bus_factor << std::setw(8) << x.wrong;
+      json.add(key + names[k] + "_us", x.us);
+      json.add(key + names[k] + "_busbw_GBps", algbw * bus_factor);
+    }
+    std::cout << "\n";
   }
   if (print) {
     std::cout << "# #wrong in all: " << total_wrong << "\n";
     if (!c.json.empty()) json.write(c.json + "." + std::to_string(n) + "ranks");
   }
+  direct.reset();
+  ring.reset();
   destroy_process_group();
   return total_wrong == 0 ? 0 : 1;
 }
@@ -163,7 +203,7 @@ int free_port() {
 }
 
 // Starts world ranks of this executable (with weft-run's variables) and waits for them.
-int launch(const char* self, char** argv, int world) {
+int launch(const char* self, char** argv, int world, bool cuda) {
   const std::string port = std::to_string(free_port());
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
@@ -175,6 +215,15 @@ int launch(const char* self, char** argv, int world) {
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
+      if (cuda && world > cuda_physical_device_count()) {
+        // Ranks share GPUs: NCCL needs a host id per rank and its socket transport (as weft-run sets).
+        ::setenv("NCCL_HOSTID", ("allreduce-rank" + std::to_string(r)).c_str(), 1);
+        for (const char* kv : {"NCCL_SOCKET_IFNAME=lo", "NCCL_NET=Socket", "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"}) {
+          const std::string text = kv;
+          const auto eq = text.find('=');
+          ::setenv(text.substr(0, eq).c_str(), text.substr(eq + 1).c_str(), 0);
+        }
+      }
       if (!std::getenv("OMP_NUM_THREADS"))
         ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1, num_threads() / world)).c_str(), 1);
       ::execv(self, argv);
@@ -206,7 +255,11 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (a == "--ranks") c.ranks = next();
+      if (a == "--device") {
+        const std::string d = next();
+        if (d != "cpu" && d != "cuda") throw std::invalid_argument(d);
+        c.cuda = d == "cuda";
+      } else if (a == "--ranks") c.ranks = next();
       else if (a == "--min-bytes") c.min_bytes = parse_bytes(next());
       else if (a == "--max-bytes") c.max_bytes = parse_bytes(next());
       else if (a == "--iters") c.iters = std::stoi(next());
@@ -214,7 +267,7 @@ int main(int argc, char** argv) {
       else if (a == "--json") c.json = next();
       else {
         std::cerr << "allreduce: unknown argument " << a
-                  << " (expected --ranks, --min-bytes, --max-bytes, --iters, --type, --json)\n";
+                  << " (expected --device, --ranks, --min-bytes, --max-bytes, --iters, --type, --json)\n";
         return 2;
       }
     } catch (const std::exception&) {
@@ -222,7 +275,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!gloo_available()) {
+  if (c.cuda && !nccl_available()) {
+    std::cout << "# allreduce: skipped: no GPU with NCCL (" << (cuda_available() ? "weft was built without NCCL"
+                                                                                  : cuda_unavailable_reason())
+              << ")\n";
+    return 0;
+  }
+  if (!c.cuda && !gloo_available()) {
     std::cout << "# allreduce: skipped: weft was built without Gloo\n";
     return 0;
   }
@@ -231,7 +290,7 @@ int main(int argc, char** argv) {
     int failed = 0;
     std::stringstream list(c.ranks);
     std::string item;
-    while (std::getline(list, item, ',')) failed |= launch(argv[0], argv, std::stoi(item));
+    while (std::getline(list, item, ',')) failed |= launch(argv[0], argv, std::stoi(item), c.cuda);
     return failed;
   } catch (const std::exception& e) {
     std::cerr << "allreduce: " << e.what() << "\n";

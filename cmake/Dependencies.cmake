@@ -24,6 +24,7 @@ endif()
 # 13 supports C++20 (DESIGN.md): it is told so below, so that cxx_std_20 on weft (and on
 # targets that link it and compile .cu files) maps to -std=c++20 instead of failing.
 set(WEFT_WITH_CUDA OFF)
+set(WEFT_WITH_NCCL OFF)
 if(NOT WEFT_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
@@ -63,6 +64,21 @@ if(WEFT_WITH_CUDA)
   endif()
   file(STRINGS ${WEFT_CUDNN_INCLUDE}/cudnn_version.h WEFT_CUDNN_MAJOR REGEX "#define CUDNN_MAJOR")
   weft_status("cuDNN" "${WEFT_CUDNN_MAJOR} (${WEFT_CUDNN_LIBRARY}; convolution, pooling, batch norm)")
+  # NCCL (collectives across GPUs and processes): beside the toolkit, or under NCCL_ROOT
+  # (the nvidia-nccl wheel that PyTorch brings has include/ and lib/). Optional: without
+  # it the nccl process-group backend says it was not built.
+  find_path(WEFT_NCCL_INCLUDE nccl.h HINTS ${NCCL_ROOT}/include $ENV{NCCL_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(WEFT_NCCL_LIBRARY NAMES nccl libnccl.so.2
+               HINTS ${NCCL_ROOT}/lib $ENV{NCCL_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR})
+  if(WEFT_NCCL_INCLUDE AND WEFT_NCCL_LIBRARY)
+    set(WEFT_WITH_NCCL ON)
+    file(STRINGS ${WEFT_NCCL_INCLUDE}/nccl.h weft_nccl_version REGEX "#define NCCL_(MAJOR|MINOR|PATCH) ")
+    string(REGEX REPLACE "[^0-9;]" "" weft_nccl_version "${weft_nccl_version}")
+    string(REPLACE ";" "." weft_nccl_version "${weft_nccl_version}")
+    weft_status("NCCL" "${weft_nccl_version} (${WEFT_NCCL_LIBRARY}; the nccl process-group backend)")
+  else()
+    weft_status("NCCL" "not found (set NCCL_ROOT): no nccl process-group backend")
+  endif()
 else()
   weft_status("CUDA" "OFF (WEFT_CUDA=${WEFT_CUDA})")
 endif()

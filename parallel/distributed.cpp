@@ -13,6 +13,7 @@
 #include "parallel/debug_process_group.h"
 #include "parallel/file_store.h"
 #include "parallel/process_group_gloo.h"
+#include "parallel/process_group_nccl.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/tcp_store.h"
 
@@ -96,8 +97,7 @@ std::shared_ptr<ProcessGroup> new_group_from_store(const std::string& backend, s
   if (backend == "gloo") {
     group = new_gloo_group(std::make_shared<PrefixStore>("gloo", store), rank, size, timeout, bind_host);
   } else if (backend == "nccl") {
-    WEFT_FAIL("process group: the nccl backend (CUDA tensors) is not built yet; use gloo with CPU tensors (weft-train: "
-              "--mode ddp --device cpu)");
+    group = new_nccl_group(std::make_shared<PrefixStore>("nccl", store), rank, size, timeout);
   } else {
     WEFT_FAIL("process group: unknown backend '", backend, "' (expected gloo or nccl)");
   }

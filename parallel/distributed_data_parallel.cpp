@@ -68,15 +68,18 @@ Reducer& DistributedDataParallel::reducer() const {
 void DistributedDataParallel::check_same_parameters_on_every_rank() const {
   const std::string mine = describe(module().named_parameters(), "parameter") +
                            describe(module().named_buffers(), "buffer");
-  // Every rank's description, padded to the longest, all-gathered.
-  Tensor length = tensor(std::vector<int64_t>{static_cast<int64_t>(mine.size())});
+  // Every rank's description, padded to the longest, all-gathered (on the parameters'
+  // device: the nccl backend takes CUDA tensors only).
+  const auto params = module().parameters();
+  const Device device = params.empty() ? kCPU : params.front().device();
+  Tensor length = tensor(std::vector<int64_t>{static_cast<int64_t>(mine.size())}).to(device);
   group_->all_reduce(length, ReduceOp::Max)->wait();
   const int64_t longest = length.item<int64_t>();
   std::vector<uint8_t> bytes(static_cast<size_t>(longest), 0);
   std::copy(mine.begin(), mine.end(), bytes.begin());
-  Tensor local = tensor(bytes, Shape{longest});
+  Tensor local = tensor(bytes, Shape{longest}).to(device);
   std::vector<Tensor> all;
-  for (int r = 0; r < group_->size(); ++r) all.push_back(zeros({longest}, DType::UInt8));
+  for (int r = 0; r < group_->size(); ++r) all.push_back(zeros({longest}, TensorOptions(DType::UInt8, device)));
   if (longest > 0) group_->all_gather(all, local)->wait();
   std::vector<std::vector<std::string>> ranks;
   for (const Tensor& t : all) {

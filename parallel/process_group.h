@@ -6,7 +6,8 @@
 // work in place on the tensors given, as torch.distributed's do, and return a Work handle:
 // the call returns once the operation is queued; Work::wait() returns once it is done (or
 // rethrows its error). Backends: Gloo for CPU tensors (process_group_gloo.h); NCCL for CUDA
-// tensors comes with the GPU side.
+// tensors (process_group_nccl.h), whose wait() orders the caller's current stream after the
+// operation instead of blocking the host, as PyTorch's does.
 //
 //   auto work = group.all_reduce(grad, ReduceOp::Sum);   // queued
 //   ...                                                 // overlap other work
@@ -22,10 +23,12 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/device_communicator.h"
 
 namespace weft::parallel {
 
-enum class ReduceOp { Sum, Avg, Max, Min, Product };
+// Sum, Avg (the sum divided by the group's size; floating dtypes), Max, Min, Product.
+using ReduceOp = CollectiveOp;
 const char* reduce_op_name(ReduceOp op);
 
 // One queued operation.

@@ -25,6 +25,7 @@
 #include "core/trace.h"
 #include "kernels/elementwise.h"
 #include "kernels/shape_ops.h"
+#include "parallel/collective_support.h"
 #include "parallel/work_queue.h"
 
 namespace weft::parallel {
@@ -32,6 +33,11 @@ namespace weft::parallel {
 bool gloo_available() { return true; }
 
 namespace {
+
+using detail::check_list;
+using detail::check_reduce;
+using detail::Staged;
+using detail::unflatten_into;
 
 // Gloo's rendezvous sees weft's store through this.
 class GlooStore final : public gloo::rendezvous::Store {
@@ -79,29 +85,6 @@ gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
   }
   return nullptr;
 }
-
-// A contiguous tensor with `t`'s values that Gloo may read and write: `t` itself when it
-// is contiguous, else a copy, written back by finish().
-class Staged {
- public:
-  explicit Staged(const Tensor& t) : original_(t), data_(t.is_contiguous() ? t.detach() : t.detach().contiguous()) {}
-  template <class T>
-  T* ptr() const {
-    return static_cast<T*>(data_.raw_data());
-  }
-  size_t count() const { return static_cast<size_t>(data_.numel()); }
-  const Tensor& tensor() const { return data_; }
-  void finish() const {
-    if (!data_.is_same(original_) && data_.storage() != original_.storage()) {
-      NoGradGuard no_grad;
-      original_.detach().copy_(data_);
-    }
-  }
-
- private:
-  Tensor original_;
-  Tensor data_;
-};
 
 class ProcessGroupGloo final : public ProcessGroup {
  public:
@@ -157,7 +140,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<Work> broadcast(const Tensor& tensor, int root) override {
     const std::string what = describe("broadcast");
     check_cpu(tensor, what);
-    check_rank(root, "root", what);
+    detail::check_rank(root, size(), "root", what);
     return enqueue("broadcast", what, [this, tensor, root, what](uint32_t tag) {
       Staged io(tensor);
       with_type(tensor.dtype(), what, [&](auto zero) {
@@ -176,7 +159,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<Work> reduce(const Tensor& tensor, int root, ReduceOp op) override {
     const std::string what = describe("reduce");
     check_cpu(tensor, what);
-    check_rank(root, "root", what);
+    detail::check_rank(root, size(), "root", what);
     check_reduce(tensor.dtype(), op, what);
     return enqueue("reduce", what, [this, tensor, root, op, what](uint32_t tag) {
       // Gloo uses the output as scratch on every rank: only the root's is the caller's.
@@ -226,7 +209,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<Work> gather(const std::vector<Tensor>& outputs, const Tensor& input, int root) override {
     const std::string what = describe("gather");
     check_cpu(input, what);
-    check_rank(root, "root", what);
+    detail::check_rank(root, size(), "root", what);
     if (rank() == root) check_list(outputs, static_cast<size_t>(size()), input, "outputs", what);
     else
       WEFT_CHECK(outputs.empty(), what, ": only the root (", root, ") gives outputs; rank ", rank(), " gave ",
@@ -251,7 +234,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<Work> scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) override {
     const std::string what = describe("scatter");
     check_cpu(output, what);
-    check_rank(root, "root", what);
+    detail::check_rank(root, size(), "root", what);
     if (rank() == root) check_list(inputs, static_cast<size_t>(size()), output, "inputs", what);
     else
       WEFT_CHECK(inputs.empty(), what, ": only the root (", root, ") gives inputs; rank ", rank(), " gave ",
@@ -285,13 +268,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     check_list(inputs, static_cast<size_t>(size()), output, "inputs", what);
     return enqueue("reduce_scatter", what, [this, output, inputs, op, what](uint32_t tag) {
       // An all-reduce of every rank's inputs, of which each rank keeps its own slice.
-      Tensor flat;
-      {
-        NoGradGuard no_grad;
-        std::vector<Tensor> pieces;
-        for (const Tensor& t : inputs) pieces.push_back(t.detach().reshape({-1}));
-        flat = cat(pieces).contiguous();
-      }
+      Tensor flat = detail::flatten(inputs);
       with_type(output.dtype(), what, [&](auto zero) {
         using T = decltype(zero);
         gloo::AllreduceOptions opts(context_);
@@ -315,13 +292,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     check_list(inputs, static_cast<size_t>(size()), inputs[0], "inputs", what);
     check_list(outputs, static_cast<size_t>(size()), inputs[0], "outputs", what);
     return enqueue("all_to_all", what, [this, outputs, inputs, what](uint32_t tag) {
-      Tensor in;
-      {
-        NoGradGuard no_grad;
-        std::vector<Tensor> pieces;
-        for (const Tensor& t : inputs) pieces.push_back(t.detach().reshape({-1}));
-        in = cat(pieces).contiguous();
-      }
+      Tensor in = detail::flatten(inputs);
       Tensor out = empty({in.numel()}, TensorOptions(in.dtype(), kCPU));
       with_type(in.dtype(), what, [&](auto zero) {
         using T = decltype(zero);
@@ -339,7 +310,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<Work> send(const Tensor& tensor, int dst, int tag) override {
     const std::string what = describe("send") + " to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) + ")";
     check_cpu(tensor, what);
-    check_rank(dst, "dst", what);
+    detail::check_rank(dst, size(), "dst", what);
     WEFT_CHECK(dst != rank(), what, ": a rank cannot send to itself");
     WEFT_CHECK(tag >= 0, what, ": tags are non-negative");
     auto staged = std::make_shared<Tensor>(tensor.detach().contiguous());
@@ -352,7 +323,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<Work> recv(const Tensor& tensor, int src, int tag) override {
     const std::string what = describe("recv") + " from rank " + std::to_string(src) + " (tag " + std::to_string(tag) + ")";
     check_cpu(tensor, what);
-    check_rank(src, "src", what);
+    detail::check_rank(src, size(), "src", what);
     WEFT_CHECK(src != rank(), what, ": a rank cannot receive from itself");
     WEFT_CHECK(tag >= 0, what, ": tags are non-negative");
     auto staged = std::make_shared<Staged>(tensor);
@@ -438,41 +409,6 @@ class ProcessGroupGloo final : public ProcessGroup {
     WEFT_CHECK(t.defined(), what, ": the tensor is undefined");
     WEFT_CHECK(t.device().is_cpu(), what, ": the Gloo backend works on CPU tensors; this one is on ", t.device(),
                " (CUDA tensors take the nccl backend)");
-  }
-
-  void check_rank(int r, const char* name, const std::string& what) const {
-    WEFT_CHECK(r >= 0 && r < size(), what, ": ", name, " ", r, " is not a rank of this group (0 .. ", size() - 1, ")");
-  }
-
-  static void check_reduce(DType dtype, ReduceOp op, const std::string& what) {
-    if (dtype == DType::Bool)
-      WEFT_CHECK(op == ReduceOp::Max || op == ReduceOp::Min, what, ": bool tensors reduce with max or min only, not ",
-                 reduce_op_name(op));
-    if (op == ReduceOp::Avg)
-      WEFT_CHECK(is_floating(dtype), what, ": avg needs a floating dtype, got ", dtype, " (use sum)");
-  }
-
-  static void check_list(const std::vector<Tensor>& list, size_t count, const Tensor& like, const char* name,
-                         const std::string& what) {
-    WEFT_CHECK(list.size() == count, what, ": ", list.size(), " ", name, " given, one per rank (", count,
-               ") expected");
-    for (size_t i = 0; i < list.size(); ++i) {
-      WEFT_CHECK(list[i].defined() && list[i].device().is_cpu(), what, ": ", name, "[", i,
-                 "] must be a defined CPU tensor");
-      WEFT_CHECK(list[i].shape() == like.shape() && list[i].dtype() == like.dtype(), what, ": ", name, "[", i,
-                 "] is ", list[i].dtype(), " ", list[i].shape(), " but every tensor must be ", like.dtype(), " ",
-                 like.shape());
-    }
-  }
-
-  // flat holds the tensors one after the other: copies each piece into its tensor.
-  static void unflatten_into(const Tensor& flat, const std::vector<Tensor>& outputs) {
-    NoGradGuard no_grad;
-    int64_t offset = 0;
-    for (const Tensor& out : outputs) {
-      out.detach().copy_(flat.narrow(0, offset, out.numel()).view(out.shape()));
-      offset += out.numel();
-    }
   }
 
   // Queues a collective; its tag (the same on every rank: they queue in the same order)

@@ -263,6 +263,7 @@ void Reducer::write_back() {
     std::vector<int64_t> used(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) used[i] = used_since_reduction_[i] ? 1 : 0;
     Tensor flags = tensor(used, Shape{static_cast<int64_t>(used.size())});
+    if (!used.empty()) flags = flags.to(params_.front().device());  // nccl takes CUDA tensors only
     if (!used.empty()) group_->all_reduce(flags, ReduceOp::Max)->wait();
     auto v = flags.to_vector<int64_t>();
     for (size_t i = 0; i < v.size(); ++i) globally_used[i] = v[i] != 0;
@@ -296,6 +297,7 @@ void Reducer::rebuild_from_arrival_order() {
   for (size_t k = params_.size(); k-- > 0;)
     if (!listed[k]) order.push_back(static_cast<int64_t>(k));
   Tensor shared = tensor(order, Shape{static_cast<int64_t>(order.size())});
+  if (!params_.empty()) shared = shared.to(params_.front().device());  // nccl takes CUDA tensors only
   if (!order.empty() && group_->size() > 1) group_->broadcast(shared, 0)->wait();
   std::vector<size_t> agreed;
   for (int64_t v : shared.to_vector<int64_t>()) agreed.push_back(static_cast<size_t>(v));

@@ -5,7 +5,10 @@
 // Every rank can compute the single-process reference itself (the data of every step is a
 // function of the step, each rank training on its rows of it), so each rank checks its own
 // DDP replica against the reference. Prints "FAIL: ..." lines and exits 1 on a failure.
+// WEFT_TEST_BACKEND=nccl runs on CUDA ranks (cuda:LOCAL_RANK modulo the devices; the
+// reference on the same device); the default is gloo on the CPU.
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -16,6 +19,7 @@
 
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
+#include "worker_backend.h"
 
 using namespace weft;
 using namespace weft::parallel;
@@ -23,6 +27,9 @@ using namespace weft::parallel;
 namespace {
 
 int failures = 0;
+
+std::string backend() { return test::worker_backend(); }
+Device device() { return test::worker_device(); }
 void fail(const std::string& what) {
   std::cout << "FAIL: rank " << get_rank() << ": " << what << std::endl;
   ++failures;
@@ -35,6 +42,7 @@ std::shared_ptr<nn::Module> make_model(const std::string& name) {
   else if (name == "resnet") m = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &gen);
   else m = std::make_shared<nn::MLP>(20, std::vector<int64_t>{16, 12}, 10, 0.0, &gen);
   m->to(DType::Float64);
+  m->to(device());
   if (name == "resnet") m->eval();  // BatchNorm on running statistics: what DDP matches (Note in test_ddp.cpp)
   return m;
 }
@@ -51,7 +59,8 @@ std::pair<Tensor, Tensor> batch(int step, int64_t rows, const Shape& sample) {
   Generator gen(1000 + step);
   Shape shape = sample;
   shape.insert(0, rows);
-  return {randn(shape, TensorOptions(DType::Float64), &gen), randint(0, 10, {rows}, DType::Int64, &gen)};
+  return {randn(shape, TensorOptions(DType::Float64), &gen).to(device()),
+          randint(0, 10, {rows}, DType::Int64, &gen).to(device())};
 }
 
 bool close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double rtol, std::string* where) {
@@ -70,7 +79,7 @@ bool close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double rt
 
 // DDP over the world, per-rank batch b, against one process on the whole batch.
 int scenario_equivalence(const std::string& model, const std::string& optimizer, bool bucket_view) {
-  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(60)});
+  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
   const int rank = get_rank(), world = get_world_size();
   const int64_t b = 3;
   auto reference = make_model(model);
@@ -102,7 +111,7 @@ int scenario_equivalence(const std::string& model, const std::string& optimizer,
 // Two backward passes under no_sync, then a synchronised one: the same as one process
 // accumulating the three full batches' gradients.
 int scenario_no_sync() {
-  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(60)});
+  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
   const int rank = get_rank(), world = get_world_size();
   const int64_t b = 2;
   auto reference = make_model("mlp");
@@ -145,8 +154,9 @@ struct HalfUsed : nn::Cloneable<HalfUsed> {
 };
 
 int scenario_unused(bool find_unused) {
-  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(20)});
+  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(20)});
   auto model = std::make_shared<HalfUsed>();
+  model->to(device());
   DDPOptions options;
   options.find_unused_parameters = find_unused;
   DistributedDataParallel ddp(model, nullptr, options);
@@ -154,7 +164,7 @@ int scenario_unused(bool find_unused) {
   try {
     for (int step = 0; step < 3; ++step) {
       Generator gen(50 + step);
-      Tensor x = randn({4, 4}, DType::Float64, &gen), y = randint(0, 3, {4}, DType::Int64, &gen);
+      Tensor x = randn({4, 4}, DType::Float64, &gen).to(device()), y = randint(0, 3, {4}, DType::Int64, &gen).to(device());
       sgd.zero_grad();
       cross_entropy(ddp(x), y).backward();
       sgd.step();
@@ -186,11 +196,13 @@ struct Branches : nn::Cloneable<Branches> {
 // one no rank used keeps its gradient as it was. Checked against one process summing every
 // rank's loss / world with each rank's choice of branches.
 int scenario_partial_use() {
-  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(60)});
+  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
   const int rank = get_rank(), world = get_world_size();
   const int64_t b = 2;
   auto reference = std::make_shared<Branches>();
   auto local = std::make_shared<Branches>();
+  reference->to(device());
+  local->to(device());
   DDPOptions options;
   options.find_unused_parameters = true;
   DistributedDataParallel ddp(local, nullptr, options);
@@ -206,7 +218,8 @@ int scenario_partial_use() {
     const int micros = step == 1 ? 2 : 1;
     for (int micro = 0; micro < micros; ++micro) {
       Generator gen(500 + seed++);
-      Tensor x = randn({world * b, 4}, TensorOptions(DType::Float64), &gen), y = randint(0, 3, {world * b}, DType::Int64, &gen);
+      Tensor x = randn({world * b, 4}, TensorOptions(DType::Float64), &gen).to(device());
+      Tensor y = randint(0, 3, {world * b}, DType::Int64, &gen).to(device());
       for (int r = 0; r < world; ++r) {
         reference->use_b = uses_b(step, micro, r);
         (cross_entropy(reference->forward(x.narrow(0, r * b, b)), y.narrow(0, r * b, b)) * (1.0 / world)).backward();
@@ -234,7 +247,7 @@ int scenario_partial_use() {
 
 // Rank 1 builds a different model: every rank must fail naming the parameter and the ranks.
 int scenario_mismatch() {
-  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(20)});
+  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(20)});
   Generator gen(5);
   auto model = std::make_shared<nn::MLP>(get_rank() == 1 ? 9 : 8, std::vector<int64_t>{6}, 3, 0.0, &gen);
   try {
@@ -249,7 +262,7 @@ int scenario_mismatch() {
 
 // Rank 0's initial weights reach every rank, whatever each one drew.
 int scenario_broadcast() {
-  init_process_group("gloo", InitOptions{.timeout = std::chrono::seconds(20)});
+  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(20)});
   Generator gen(100 + get_rank());
   auto model = std::make_shared<nn::MLP>(8, std::vector<int64_t>{6}, 3, 0.0, &gen);
   DistributedDataParallel ddp(model);

@@ -3,7 +3,10 @@
 //   process_group_worker SCENARIO      (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, or
 //                                       Slurm's / Open MPI's variables)
 //
-// Each scenario joins the job through init_process_group("gloo") and checks what a rank
+// WEFT_TEST_BACKEND=nccl runs the same scenarios on CUDA tensors (cuda:LOCAL_RANK modulo the
+// devices) through the nccl backend; the default is gloo on CPU tensors.
+//
+// Each scenario joins the job through init_process_group and checks what a rank
 // can check on its own against a serial computation of every rank's contribution (inputs
 // are a function of the rank, so every rank knows them all). It prints "ok: ..." lines and
 // exits 0, or prints "FAIL: ..." and exits 1.
@@ -22,6 +25,7 @@
 
 #include "parallel/distributed.h"
 #include "parallel/ring_allreduce.h"
+#include "worker_backend.h"
 
 using namespace weft;
 using namespace weft::parallel;
@@ -29,6 +33,11 @@ using namespace weft::parallel;
 namespace {
 
 int failures = 0;
+
+// The backend under test, and the device its tensors live on.
+std::string backend() { return test::worker_backend(); }
+Device device() { return test::worker_device(); }
+TensorOptions on_device(DType dtype = DType::Float32) { return TensorOptions(dtype, device()); }
 
 void fail(const std::string& what) {
   std::cout << "FAIL: rank " << get_rank() << ": " << what << std::endl;
@@ -40,7 +49,7 @@ void fail(const std::string& what) {
 Tensor input(int r, int64_t n, DType dtype) {
   std::vector<double> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = dtype == DType::Bool ? (r + i) % 2 : (r + 1) * (i % 7 + 1);
-  return tensor(v, Shape{n}).to(dtype);
+  return tensor(v, Shape{n}).to(dtype).to(device());
 }
 
 template <class T>
@@ -124,26 +133,26 @@ void check_collectives(ProcessGroup& group, const std::vector<int>& members) {
       }
       // all_gather, gather, scatter, all_to_all
       std::vector<Tensor> gathered;
-      for (int r = 0; r < size; ++r) gathered.push_back(zeros({n}, dtype));
+      for (int r = 0; r < size; ++r) gathered.push_back(zeros({n}, on_device(dtype)));
       group.all_gather(gathered, input(world_rank, n, dtype))->wait();
       for (int r = 0; r < size; ++r)
         if (!same(gathered[r], input(members[r], n, dtype))) fail("all_gather " + what);
       const int root = 0;
       std::vector<Tensor> at_root;
       if (me == root)
-        for (int r = 0; r < size; ++r) at_root.push_back(zeros({n}, dtype));
+        for (int r = 0; r < size; ++r) at_root.push_back(zeros({n}, on_device(dtype)));
       group.gather(at_root, input(world_rank, n, dtype), root)->wait();
       for (int r = 0; r < static_cast<int>(at_root.size()); ++r)
         if (!same(at_root[r], input(members[r], n, dtype))) fail("gather " + what);
       std::vector<Tensor> pieces;
       if (me == root)
         for (int r = 0; r < size; ++r) pieces.push_back(input(5 + r, n, dtype));
-      Tensor mine = zeros({n}, dtype);
+      Tensor mine = zeros({n}, on_device(dtype));
       group.scatter(mine, pieces, root)->wait();
       if (!same(mine, input(5 + me, n, dtype))) fail("scatter " + what);
       std::vector<Tensor> outs, ins;
       for (int r = 0; r < size; ++r) {
-        outs.push_back(zeros({n}, dtype));
+        outs.push_back(zeros({n}, on_device(dtype)));
         ins.push_back(input(10 * world_rank + members[r], n, dtype));
       }
       group.all_to_all(outs, ins)->wait();
@@ -152,7 +161,7 @@ void check_collectives(ProcessGroup& group, const std::vector<int>& members) {
       if (dtype != DType::Bool) {
         std::vector<Tensor> parts;
         for (int r = 0; r < size; ++r) parts.push_back(input(world_rank + r, n, dtype));
-        Tensor result = zeros({n}, dtype);
+        Tensor result = zeros({n}, on_device(dtype));
         group.reduce_scatter(result, parts, ReduceOp::Sum)->wait();
         std::vector<int> shifted;
         for (int m : members) shifted.push_back(m + me);
@@ -161,16 +170,16 @@ void check_collectives(ProcessGroup& group, const std::vector<int>& members) {
     }
   }
   // Non-contiguous tensors are staged and written back.
-  Tensor wide = zeros({3, 8});
+  Tensor wide = zeros({3, 8}, on_device());
   Tensor column = wide.narrow(1, 2, 1);
-  column.copy_(full({3, 1}, static_cast<double>(world_rank + 1)));
+  column.copy_(full({3, 1}, static_cast<double>(world_rank + 1), on_device()));
   group.all_reduce(column)->wait();
   double total = 0;
   for (int m : members) total += m + 1;
   if (sum(wide).item() != 3 * total) fail("all_reduce of a non-contiguous view");
   // A ring of sends and receives, and queued work overlapping.
   if (size > 1) {
-    Tensor out = full({5}, static_cast<double>(world_rank)), in = zeros({5});
+    Tensor out = full({5}, static_cast<double>(world_rank), on_device()), in = zeros({5}, on_device());
     auto s = group.send(out, (me + 1) % size, 3);
     auto r = group.recv(in, (me + size - 1) % size, 3);
     r->wait();
@@ -180,7 +189,7 @@ void check_collectives(ProcessGroup& group, const std::vector<int>& members) {
   std::vector<std::shared_ptr<Work>> queued;
   std::vector<Tensor> ts;
   for (int k = 0; k < 10; ++k) {
-    ts.push_back(full({64}, static_cast<double>(k)));
+    ts.push_back(full({64}, static_cast<double>(k), on_device()));
     queued.push_back(group.all_reduce(ts.back()));
   }
   for (int k = 0; k < 10; ++k) {
@@ -194,7 +203,7 @@ void check_collectives(ProcessGroup& group, const std::vector<int>& members) {
 int scenario_collectives() {
   InitOptions options;
   options.timeout = std::chrono::seconds(30);  // a bug fails the test, it does not hang it
-  init_process_group("gloo", options);
+  init_process_group(backend(), options);
   const int world = get_world_size();
   std::vector<int> all;
   for (int r = 0; r < world; ++r) all.push_back(r);
@@ -215,7 +224,7 @@ int scenario_collectives() {
 int scenario_ring() {
   InitOptions options;
   options.timeout = std::chrono::seconds(30);
-  init_process_group("gloo", options);
+  init_process_group(backend(), options);
   ProcessGroup& group = default_group();
   for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{11}, int64_t{1001}, int64_t{100003}}) {
     for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::Int32}) {
@@ -234,7 +243,7 @@ int scenario_ring() {
     }
   }
   auto ring = with_ring_all_reduce(std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
-  Tensor t = full({3, 5}, static_cast<double>(get_rank() + 1));
+  Tensor t = full({3, 5}, static_cast<double>(get_rank() + 1), on_device());
   ring->all_reduce(t)->wait();
   const int w = get_world_size();
   if (t.to_vector<float>()[14] != static_cast<float>(w * (w + 1) / 2)) fail("with_ring_all_reduce");
@@ -244,8 +253,8 @@ int scenario_ring() {
 
 // Prints the rank and size init_process_group found (the env tests compare them).
 int scenario_identity() {
-  init_process_group("gloo");
-  Tensor t = full({1}, 1.0);
+  init_process_group(backend());
+  Tensor t = full({1}, 1.0, on_device());
   default_group().all_reduce(t)->wait();
   std::cout << "identity: rank " << get_rank() << " size " << get_world_size() << " sum " << t.item() << std::endl;
   destroy_process_group();
@@ -255,8 +264,8 @@ int scenario_identity() {
 // WEFT_DISTRIBUTED_DEBUG=1: rank 0 reduces 4 values, the others 5: every rank must fail
 // with a message naming both calls.
 int scenario_mismatch() {
-  init_process_group("gloo");
-  Tensor t = zeros({get_rank() == 0 ? 4 : 5});
+  init_process_group(backend());
+  Tensor t = zeros({get_rank() == 0 ? 4 : 5}, on_device());
   try {
     default_group().all_reduce(t)->wait();
     fail("a mismatched all_reduce went through");
@@ -271,16 +280,27 @@ int scenario_mismatch() {
 int scenario_dead_peer() {
   InitOptions options;
   options.timeout = std::chrono::seconds(3);
-  init_process_group("gloo", options);
-  default_group().barrier()->wait();  // every connection is up
+  init_process_group(backend(), options);
+  // Every connection is up: an all-reduce of the size used below (NCCL may pick another
+  // algorithm, and make other connections, for other sizes), then a barrier.
+  Tensor warm = zeros({1000}, on_device());
+  default_group().all_reduce(warm)->wait();
+  default_group().barrier()->wait();
   if (get_rank() == 1) {
     std::cout << "rank 1 leaves" << std::endl;
     std::_Exit(0);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   try {
-    Tensor t = zeros({1000});
+    Tensor t = zeros({1000}, on_device());
     default_group().all_reduce(t)->wait();
+    if (backend() == "nccl") {
+      // wait() ordered this rank's stream only: the host meets the failure when it waits
+      // for the device (the watchdog aborts the communicator; by default it also ends the
+      // process), and every later operation of the group throws.
+      synchronize(device());
+      default_group().barrier()->wait();
+    }
     fail("an all_reduce with a dead peer succeeded");
   } catch (const Error& e) {
     std::cout << "error: " << e.what() << std::endl;
@@ -293,7 +313,7 @@ int scenario_missing() {
   InitOptions options;
   options.timeout = std::chrono::seconds(2);
   try {
-    init_process_group("gloo", options);
+    init_process_group(backend(), options);
     fail("init_process_group succeeded with ranks missing");
   } catch (const Error& e) {
     std::cout << "error: " << e.what() << std::endl;

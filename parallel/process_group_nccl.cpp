@@ -1,0 +1,592 @@
+// ProcessGroupNccl: weft's collectives on CUDA tensors through NCCL; see process_group_nccl.h.
+#include "parallel/process_group_nccl.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/stream.h"
+#include "kernels/device_communicator.h"
+#include "kernels/elementwise.h"
+#include "parallel/collective_support.h"
+#include "parallel/work_queue.h"
+
+namespace weft::parallel {
+
+bool nccl_available() { return has_collective_library(DeviceType::CUDA) && cuda_available(); }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using detail::check_list;
+using detail::check_reduce;
+using detail::Staged;
+
+// One operation: its end is an event on its channel's stream, recorded when the operation
+// is queued there (at once for collectives, by the channel's issuing thread for sends and
+// receives).
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::string what, Device device, bool host_waits, std::chrono::milliseconds timeout)
+      : what_(std::move(what)), device_(device), host_waits_(host_waits), timeout_(timeout) {}
+
+  void queued(Event done) {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = std::move(done);
+    }
+    cv_.notify_all();
+  }
+
+  void wait(std::chrono::milliseconds timeout) override {
+    const Event& done = wait_until_queued(timeout.count() > 0 ? timeout : timeout_);
+    if (host_waits_) {
+      done.synchronize();  // the watchdog's abort ends it if a peer never comes
+      throw_if_failed();
+    } else {
+      done.block(current_stream(device_));
+    }
+  }
+  bool is_completed() override { return failed() || done(); }
+  std::exception_ptr exception() override {
+    std::lock_guard lock(mutex_);
+    return error_.empty() ? nullptr : std::make_exception_ptr(Error(what_ + ": " + error_));
+  }
+
+  const std::string& what() const { return what_; }
+  Clock::time_point queued_at() const { return queued_at_; }
+  bool done() {
+    const Event* done = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      if (done_) done = &*done_;  // set once, never changed after
+    }
+    return done && done->query();
+  }
+  bool failed() {
+    std::lock_guard lock(mutex_);
+    return !error_.empty();
+  }
+  void fail(const std::string& why) {
+    {
+      std::lock_guard lock(mutex_);
+      if (error_.empty()) error_ = why;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  const Event& wait_until_queued(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    const bool settled = cv_.wait_for(lock, timeout, [&] { return done_.has_value() || !error_.empty(); });
+    lock.unlock();
+    throw_if_failed();
+    WEFT_CHECK(settled, what_, ": not queued after ", timeout.count(), " ms (its communicator is still connecting)");
+    return *done_;
+  }
+  void throw_if_failed() {
+    if (auto e = exception()) std::rethrow_exception(e);
+  }
+
+  std::string what_;
+  Device device_;
+  bool host_waits_;
+  std::chrono::milliseconds timeout_;
+  Clock::time_point queued_at_ = Clock::now();
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::optional<Event> done_;
+  std::string error_;  // set by the watchdog, or by a failed issue
+};
+
+// A communicator and the stream its operations run on. Point-to-point channels have an
+// issuing thread of their own, which connects the communicator and then queues the
+// channel's sends or receives: a rank's first send to a peer must not block the caller
+// while that peer is still connecting to another (ranks in a ring each send first).
+struct Channel {
+  Stream stream;
+  std::unique_ptr<DeviceCommunicator> comm;  // on p2p channels set by the issuer (under the group's mutex)
+  std::unique_ptr<WorkQueue> issuer;         // p2p channels only; destroyed (joined) first
+};
+
+class ProcessGroupNccl final : public ProcessGroup {
+ public:
+  ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size, std::chrono::milliseconds timeout)
+      : ProcessGroup(rank, size, timeout), store_(std::move(store)), library_(collective_library(DeviceType::CUDA)) {
+    WEFT_CHECK(size >= 1 && rank >= 0 && rank < size, "ProcessGroupNccl: rank ", rank, " of a group of ", size);
+    WEFT_CHECK(cuda_available(), "ProcessGroupNccl: the nccl backend needs a GPU: ", cuda_unavailable_reason());
+    const char* handling = std::getenv("WEFT_NCCL_ASYNC_ERROR_HANDLING");
+    end_process_on_failure_ = !(handling && std::string(handling) == "0");
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
+  ~ProcessGroupNccl() override {
+    {
+      std::lock_guard lock(watch_mutex_);
+      stopping_ = true;
+    }
+    watch_cv_.notify_all();
+    watchdog_.join();
+    // The issuing threads first (they use the group), then every communicator flushes what
+    // is queued (bounded) and is freed.
+    std::map<std::pair<int, int>, std::unique_ptr<Channel>> pairs;
+    {
+      std::lock_guard lock(mutex_);
+      pairs.swap(pairs_);
+    }
+    for (auto& [key, channel] : pairs) channel->issuer.reset();
+  }
+
+  std::string backend_name() const override { return "nccl"; }
+
+  std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op) override {
+    const std::string what = describe("all_reduce");
+    check_cuda(tensor, what);
+    check_reduce(tensor.dtype(), op, what);
+    return launch(what, tensor.device(), collective_channel(tensor.device()), {tensor},
+                  [&](DeviceCommunicator& comm, const Stream& stream) {
+                    Staged io(tensor);
+                    comm.all_reduce(io.tensor(), io.tensor(), op, stream);
+                    io.finish();
+                  });
+  }
+
+  std::shared_ptr<Work> broadcast(const Tensor& tensor, int root) override {
+    const std::string what = describe("broadcast");
+    check_cuda(tensor, what);
+    detail::check_rank(root, size(), "root", what);
+    return launch(what, tensor.device(), collective_channel(tensor.device()), {tensor},
+                  [&](DeviceCommunicator& comm, const Stream& stream) {
+                    Staged io(tensor);
+                    comm.broadcast(io.tensor(), io.tensor(), root, stream);
+                    io.finish();
+                  });
+  }
+
+  std::shared_ptr<Work> reduce(const Tensor& tensor, int root, ReduceOp op) override {
+    const std::string what = describe("reduce");
+    check_cuda(tensor, what);
+    detail::check_rank(root, size(), "root", what);
+    check_reduce(tensor.dtype(), op, what);
+    return launch(what, tensor.device(), collective_channel(tensor.device()), {tensor},
+                  [&](DeviceCommunicator& comm, const Stream& stream) {
+                    // NCCL writes the output on the root only: in place leaves the others' as they were.
+                    Staged io(tensor);
+                    comm.reduce(io.tensor(), io.tensor(), root, op, stream);
+                    if (rank() == root) io.finish();
+                  });
+  }
+
+  std::shared_ptr<Work> all_gather(const std::vector<Tensor>& outputs, const Tensor& input) override {
+    const std::string what = describe("all_gather");
+    check_cuda(input, what);
+    check_list(outputs, static_cast<size_t>(size()), input, "outputs", what);
+    return launch(what, input.device(), collective_channel(input.device()), with(outputs, input),
+                  [&](DeviceCommunicator& comm, const Stream& stream) {
+                    Staged in(input);
+                    Tensor flat = empty({size() * input.numel()}, TensorOptions(input.dtype(), input.device()));
+                    comm.all_gather(in.tensor(), flat, stream);
+                    detail::unflatten_into(flat, outputs);
+                  });
+  }
+
+  std::shared_ptr<Work> gather(const std::vector<Tensor>& outputs, const Tensor& input, int root) override {
+    const std::string what = describe("gather");
+    check_cuda(input, what);
+    detail::check_rank(root, size(), "root", what);
+    if (rank() == root) check_list(outputs, static_cast<size_t>(size()), input, "outputs", what);
+    else
+      WEFT_CHECK(outputs.empty(), what, ": only the root (", root, ") gives outputs; rank ", rank(), " gave ",
+                 outputs.size());
+    // NCCL has no gather: the root receives from every rank, in one group of calls.
+    return launch(what, input.device(), collective_channel(input.device()), with(outputs, input),
+                  [&](DeviceCommunicator& comm, const Stream& stream) {
+                    Staged in(input);
+                    if (rank() != root) {
+                      comm.send(in.tensor(), root, stream);
+                      return;
+                    }
+                    std::vector<Staged> landed;
+                    for (const Tensor& out : outputs) landed.emplace_back(out);
+                    comm.grouped([&] {
+                      for (int r = 0; r < size(); ++r)
+                        if (r != root) comm.recv(landed[r].tensor(), r, stream);
+                    });
+                    outputs[root].detach().copy_(in.tensor());
+                    for (int r = 0; r < size(); ++r)
+                      if (r != root) landed[r].finish();
+                  });
+  }
+
+  std::shared_ptr<Work> scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) override {
+    const std::string what = describe("scatter");
+    check_cuda(output, what);
+    detail::check_rank(root, size(), "root", what);
+    if (rank() == root) check_list(inputs, static_cast<size_t>(size()), output, "inputs", what);
+    else
+      WEFT_CHECK(inputs.empty(), what, ": only the root (", root, ") gives inputs; rank ", rank(), " gave ",
+                 inputs.size());
+    return launch(what, output.device(), collective_channel(output.device()), with(inputs, output),
+                  [&](DeviceCommunicator& comm, const Stream& stream) {
+                    Staged out(output);
+                    if (rank() != root) {
+                      comm.recv(out.tensor(), root, stream);
+                      out.finish();
+                      return;
+                    }
+                    std::vector<Tensor> sources;
+                    for (const Tensor& t : inputs) sources.push_back(t.detach().contiguous());
+                    comm.grouped([&] {
+                      for (int r = 0; r < size(); ++r)
+                        if (r != root) comm.send(sources[r], r, stream);
+                    });
+                    out.tensor().copy_(sources[root]);
+                    out.finish();
+                  });
+  }
+
+  std::shared_ptr<Work> reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) override {
+    const std::string what = describe("reduce_scatter");
+    check_cuda(output, what);
+    check_reduce(output.dtype(), op, what);
+    check_list(inputs, static_cast<size_t>(size()), output, "inputs", what);
+    return launch(what, output.device(), collective_channel(output.device()), with(inputs, output),
+                  [&](DeviceCommunicator& comm, const Stream& stream) {
+                    Tensor flat = detail::flatten(inputs);
+                    Staged out(output);
+                    comm.reduce_scatter(flat, out.tensor(), op, stream);
+                    out.finish();
+                  });
+  }
+
+  std::shared_ptr<Work> all_to_all(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) override {
+    const std::string what = describe("all_to_all");
+    WEFT_CHECK(!inputs.empty(), what, ": no inputs");
+    check_cuda(inputs[0], what);
+    check_list(inputs, static_cast<size_t>(size()), inputs[0], "inputs", what);
+    check_list(outputs, static_cast<size_t>(size()), inputs[0], "outputs", what);
+    std::vector<Tensor> all = inputs;
+    all.insert(all.end(), outputs.begin(), outputs.end());
+    return launch(what, inputs[0].device(), collective_channel(inputs[0].device()), all,
+                  [&](DeviceCommunicator& comm, const Stream& stream) {
+                    std::vector<Tensor> sources;
+                    std::vector<Staged> landed;
+                    for (const Tensor& t : inputs) sources.push_back(t.detach().contiguous());
+                    for (const Tensor& t : outputs) landed.emplace_back(t);
+                    comm.grouped([&] {
+                      for (int r = 0; r < size(); ++r) {
+                        if (r == rank()) continue;
+                        comm.send(sources[r], r, stream);
+                        comm.recv(landed[r].tensor(), r, stream);
+                      }
+                    });
+                    landed[rank()].tensor().copy_(sources[rank()]);
+                    for (const Staged& s : landed) s.finish();
+                  });
+  }
+
+  std::shared_ptr<Work> send(const Tensor& tensor, int dst, int tag) override {
+    const std::string what = describe("send") + " to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) + ")";
+    check_cuda(tensor, what);
+    detail::check_rank(dst, size(), "dst", what);
+    WEFT_CHECK(dst != rank(), what, ": a rank cannot send to itself");
+    WEFT_CHECK(tag >= 0, what, ": tags are non-negative");
+    return launch_p2p(what, p2p_channel(rank(), dst, tensor.device()), tensor,
+                      [tensor](DeviceCommunicator& comm, const Stream& stream) {
+                        comm.send(tensor.detach().contiguous(), /*peer=*/1, stream);
+                      });
+  }
+
+  std::shared_ptr<Work> recv(const Tensor& tensor, int src, int tag) override {
+    const std::string what =
+        describe("recv") + " from rank " + std::to_string(src) + " (tag " + std::to_string(tag) + ")";
+    check_cuda(tensor, what);
+    detail::check_rank(src, size(), "src", what);
+    WEFT_CHECK(src != rank(), what, ": a rank cannot receive from itself");
+    WEFT_CHECK(tag >= 0, what, ": tags are non-negative");
+    return launch_p2p(what, p2p_channel(src, rank(), tensor.device()), tensor,
+                      [tensor](DeviceCommunicator& comm, const Stream& stream) {
+                        Staged io(tensor);
+                        comm.recv(io.tensor(), /*peer=*/0, stream);
+                        io.finish();
+                      });
+  }
+
+  // An all-reduce of one element on this rank's device; its wait() blocks the host.
+  std::shared_ptr<Work> barrier() override {
+    const std::string what = describe("barrier");
+    const Device device = barrier_device();
+    Tensor token = zeros({1}, TensorOptions(DType::Float32, device));
+    return launch(
+        what, device, collective_channel(device), {token},
+        [&](DeviceCommunicator& comm, const Stream& stream) { comm.all_reduce(token, token, ReduceOp::Sum, stream); },
+        /*host_waits=*/true);
+  }
+
+ private:
+  std::string describe(const char* op) const {
+    return std::string("ProcessGroupNccl ") + op + " (rank " + std::to_string(rank()) + " of " +
+           std::to_string(size()) + ")";
+  }
+
+  static void check_cuda(const Tensor& t, const std::string& what) {
+    WEFT_CHECK(t.defined(), what, ": the tensor is undefined");
+    WEFT_CHECK(t.device().is_cuda(), what, ": the nccl backend works on CUDA tensors; this one is on ", t.device(),
+               " (CPU tensors take the gloo backend)");
+    WEFT_CHECK(!is_reserved(t.dtype()), what, ": dtype ", t.dtype(), " is not supported yet");
+  }
+
+  static std::vector<Tensor> with(std::vector<Tensor> list, const Tensor& one) {
+    list.push_back(one);
+    return list;
+  }
+
+  // The device the last collective used, else cuda:(LOCAL_RANK, or the group rank, mod the
+  // devices), as PyTorch guesses.
+  Device barrier_device() {
+    std::lock_guard lock(mutex_);
+    if (last_device_) return *last_device_;
+    const char* local = std::getenv("LOCAL_RANK");
+    return Device::cuda((local && *local ? std::atoi(local) : rank()) % cuda_device_count());
+  }
+
+  // Queues `issue` on the channel's stream after the caller's current stream, records the
+  // tensors there and returns the Work that ends with it. A failure to queue it fails the
+  // group (its communicators may be left mid-call).
+  template <class Issue>
+  std::shared_ptr<Work> launch(const std::string& what, Device device, Channel& channel,
+                               const std::vector<Tensor>& tensors, Issue&& issue, bool host_waits = false) {
+    throw_if_failed(what);
+    auto work = std::make_shared<NcclWork>(what, device, host_waits, timeout());
+    try {
+      Event ready;
+      ready.record(current_stream(device));
+      ready.block(channel.stream);
+      {
+        NoGradGuard no_grad;
+        StreamGuard on_channel(channel.stream);  // staging copies run there too, in order
+        issue(*channel.comm, channel.stream);
+      }
+      for (const Tensor& t : tensors)
+        if (t.defined()) record_stream(t, channel.stream);
+      Event done;
+      done.record(channel.stream);
+      work->queued(std::move(done));
+    } catch (const std::exception& e) {
+      fail_group(what + " could not be queued: " + e.what());
+      throw;
+    }
+    track(work, device);
+    return work;
+  }
+
+  // A send or receive: queued by the channel's issuing thread, after the caller's current
+  // stream as it is now.
+  template <class Issue>
+  std::shared_ptr<Work> launch_p2p(const std::string& what, Channel& channel, const Tensor& tensor, Issue&& issue) {
+    throw_if_failed(what);
+    const Device device = tensor.device();
+    auto work = std::make_shared<NcclWork>(what, device, /*host_waits=*/false, timeout());
+    auto ready = std::make_shared<Event>();
+    ready->record(current_stream(device));
+    track(work, device);
+    channel.issuer->enqueue(what, [this, &channel, what, work, ready, tensor, issue = std::forward<Issue>(issue)] {
+      if (work->failed()) return;
+      try {
+        WEFT_CHECK(channel.comm != nullptr, "its communicator did not connect");
+        ready->block(channel.stream);
+        {
+          NoGradGuard no_grad;
+          StreamGuard on_channel(channel.stream);
+          issue(*channel.comm, channel.stream);
+        }
+        record_stream(tensor, channel.stream);
+        Event done;
+        done.record(channel.stream);
+        work->queued(std::move(done));
+      } catch (const std::exception& e) {
+        fail_group(what + " could not be queued: " + e.what());
+      }
+    });
+    return work;
+  }
+
+  // The watchdog looks after `work` from now on (a group that failed meanwhile fails it).
+  void track(const std::shared_ptr<NcclWork>& work, Device device) {
+    std::lock_guard lock(mutex_);
+    if (!failure_.empty()) work->fail(failure_);
+    in_flight_.push_back(work);
+    last_device_ = device;
+  }
+
+  Channel& collective_channel(Device device) {
+    std::lock_guard lock(mutex_);
+    throw_if_failed_locked("a collective");
+    auto it = collectives_.find(device.index);
+    if (it != collectives_.end()) return *it->second;
+    const std::string key = "nccl/collective/" + std::to_string(communicators_made_++);
+    auto channel = std::make_unique<Channel>(Channel{new_stream(device), nullptr, nullptr});
+    try {
+      channel->comm = connect(key, /*maker=*/rank() == 0, device, rank(), size());
+    } catch (const std::exception& e) {
+      failure_ = std::string("connecting its communicator on ") + device.str() + ": " + e.what();
+      throw;
+    }
+    return *collectives_.emplace(device.index, std::move(channel)).first->second;
+  }
+
+  // The two-rank communicator for messages from `src` to `dst` (rank 0 in it is src): one
+  // per direction, so that a rank's sends to a peer and its receives from it run on streams
+  // of their own and never wait for each other. Its issuing thread connects it first.
+  Channel& p2p_channel(int src, int dst, Device device) {
+    std::lock_guard lock(mutex_);
+    throw_if_failed_locked("a send or receive");
+    const std::pair<int, int> direction{src, dst};
+    const int peer = src == rank() ? dst : src;
+    auto it = pairs_.find(direction);
+    if (it != pairs_.end()) {
+      WEFT_CHECK(it->second->stream.device() == device, describe("send/recv"), ": messages ",
+                 src == rank() ? "to" : "from", " rank ", peer, " go through ", it->second->stream.device(),
+                 " (the first one did); this tensor is on ", device);
+      return *it->second;
+    }
+    auto channel = std::make_unique<Channel>(
+        Channel{new_stream(device), nullptr, std::make_unique<WorkQueue>(timeout())});
+    const std::string key = "nccl/p2p/" + std::to_string(src) + "-" + std::to_string(dst);
+    const std::string what = describe("connect") + " for messages " + (src == rank() ? "to" : "from") + " rank " +
+                             std::to_string(peer);
+    channel->issuer->enqueue(what, [this, ch = channel.get(), key, device, src, what] {
+      try {
+        auto comm = connect(key, /*maker=*/rank() == src, device, rank() == src ? 0 : 1, 2);
+        std::lock_guard lock(mutex_);
+        ch->comm = std::move(comm);
+      } catch (const std::exception& e) {
+        fail_group(what + ": " + e.what());
+      }
+    });
+    return *pairs_.emplace(direction, std::move(channel)).first->second;
+  }
+
+  // Rank 0 of the communicator makes its id and hands it over through the store. Making one
+  // waits at least a minute for the others, whatever the group's timeout (connecting over
+  // sockets on a busy machine takes seconds).
+  std::unique_ptr<DeviceCommunicator> connect(const std::string& key, bool maker, Device device, int rank_in,
+                                              int size_in) {
+    Bytes id;
+    if (maker) {
+      id = library_.new_id();
+      store_->set(key, id);
+    } else {
+      id = store_->get(key);  // waits up to the store's timeout
+    }
+    return library_.connect(device, id, rank_in, size_in, std::max(timeout(), std::chrono::milliseconds(60000)));
+  }
+
+  void throw_if_failed(const std::string& what) {
+    std::lock_guard lock(mutex_);
+    throw_if_failed_locked(what);
+  }
+  void throw_if_failed_locked(const std::string& what) const {
+    WEFT_CHECK(failure_.empty(), what, ": the group failed earlier and its communicators were aborted: ", failure_);
+  }
+
+  // --- the watchdog --------------------------------------------------------------------
+  void watch() {
+    std::unique_lock lock(watch_mutex_);
+    while (!stopping_) {
+      watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (stopping_) break;
+      lock.unlock();
+      try {
+        inspect();
+      } catch (const std::exception& e) {  // a CUDA error while querying events
+        fail_group(std::string("the watchdog's check failed: ") + e.what());
+      }
+      lock.lock();
+    }
+  }
+
+  void inspect() {
+    std::vector<std::shared_ptr<NcclWork>> works;
+    std::vector<DeviceCommunicator*> comms;
+    {
+      std::lock_guard lock(mutex_);
+      if (!failure_.empty()) return;
+      std::erase_if(in_flight_, [](const std::shared_ptr<NcclWork>& w) { return w->done(); });
+      works = in_flight_;
+      comms = communicators_locked();
+    }
+    for (DeviceCommunicator* comm : comms) {
+      const std::string error = comm->async_error();
+      if (!error.empty()) return fail_group("NCCL reported an error on " + comm->device().str() + ": " + error);
+    }
+    const auto now = Clock::now();
+    for (const auto& work : works)
+      if (now - work->queued_at() > timeout() && !work->done())
+        return fail_group(work->what() + " was not done after " + std::to_string(timeout().count()) +
+                          " ms (the group's timeout): a rank is missing, stuck, or called other collectives");
+  }
+
+  std::vector<DeviceCommunicator*> communicators_locked() const {
+    std::vector<DeviceCommunicator*> comms;
+    for (auto& [index, channel] : collectives_) comms.push_back(channel->comm.get());
+    for (auto& [pair, channel] : pairs_)
+      if (channel->comm) comms.push_back(channel->comm.get());
+    return comms;
+  }
+
+  // The first failure fails every operation in flight and aborts every communicator, so
+  // that no stream waits for ever; then, by default, ends the process.
+  void fail_group(const std::string& failure) {
+    std::vector<std::shared_ptr<NcclWork>> works;
+    std::vector<DeviceCommunicator*> comms;
+    {
+      std::lock_guard lock(mutex_);
+      if (!failure_.empty()) return;  // failed already
+      failure_ = failure;
+      works = in_flight_;
+      comms = communicators_locked();
+    }
+    for (const auto& work : works)
+      if (!work->done()) work->fail(failure);
+    for (DeviceCommunicator* comm : comms) comm->abort();
+    std::cerr << "weft: rank " << rank() << ": process group nccl: " << failure << "; its communicators were aborted"
+              << (end_process_on_failure_ ? "; ending the process (WEFT_NCCL_ASYNC_ERROR_HANDLING=0 keeps it)" : "")
+              << std::endl;
+    if (end_process_on_failure_) std::_Exit(1);
+  }
+
+  std::shared_ptr<Store> store_;
+  CollectiveLibrary& library_;
+  bool end_process_on_failure_ = true;
+
+  std::mutex mutex_;  // what follows
+  std::map<int, std::unique_ptr<Channel>> collectives_;             // device index -> channel
+  std::map<std::pair<int, int>, std::unique_ptr<Channel>> pairs_;  // (lower, higher rank) -> channel
+  int64_t communicators_made_ = 0;
+  std::vector<std::shared_ptr<NcclWork>> in_flight_;
+  std::optional<Device> last_device_;
+  std::string failure_;
+
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> new_nccl_group(std::shared_ptr<Store> store, int rank, int size,
+                                             std::chrono::milliseconds timeout) {
+  return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, timeout);
+}
+
+}  // namespace weft::parallel

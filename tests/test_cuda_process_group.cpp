@@ -1,0 +1,89 @@
+// The nccl backend across processes (CUDA suite: skipped without a GPU): the same workers as
+// test_process_group and test_ddp, with WEFT_TEST_BACKEND=nccl, so every collective, reduce
+// op and dtype, the ring all-reduce over NCCL's sends and receives, a dead peer, and DDP's
+// equivalence with one process are checked on CUDA tensors. With fewer GPUs than ranks the
+// ranks share them, each with its own NCCL_HOSTID and NCCL over sockets on loopback (what
+// weft-run sets up; DESIGN.md, pitfalls).
+#include "test_util.h"
+
+#include "parallel/process_group_nccl.h"
+#include "spawn_ranks.h"
+
+using namespace weft;
+
+namespace {
+
+std::vector<std::map<std::string, std::string>> nccl_rank_envs(int world,
+                                                               std::map<std::string, std::string> extra = {}) {
+  const int port = test::free_port();
+  const bool share = world > cuda_physical_device_count();
+  std::vector<std::map<std::string, std::string>> envs;
+  for (int r = 0; r < world; ++r) {
+    auto env = test::torchrun_env(r, world, port);
+    env["WEFT_TEST_BACKEND"] = "nccl";
+    if (share) {
+      env["NCCL_HOSTID"] = "weft-test-rank" + std::to_string(r);
+      env["NCCL_SOCKET_IFNAME"] = "lo";
+      env["NCCL_NET"] = "Socket";
+      env["NCCL_P2P_DISABLE"] = "1";
+      env["NCCL_SHM_DISABLE"] = "1";
+    }
+    for (const auto& [k, v] : extra) env[k] = v;
+    envs.push_back(env);
+  }
+  return envs;
+}
+
+void check_all_ok(const std::vector<test::RankOutcome>& outcomes) {
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(outcomes[r].exit_status == 0, "rank ", r, " exited ", outcomes[r].exit_status, ":\n",
+                  outcomes[r].output);
+  }
+}
+
+bool skip_without_nccl() {
+  if (parallel::nccl_available()) return false;
+  MESSAGE("skipped: weft was built without NCCL");
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("nccl: every collective, reduce op and dtype on CUDA tensors, at world sizes 1, 2 and 4, with sub-groups") {
+  if (skip_without_nccl()) return;
+  for (int world : {1, 2, 4}) {
+    CAPTURE(world);
+    check_all_ok(test::run_processes({WEFT_PROCESS_GROUP_WORKER, "collectives"}, nccl_rank_envs(world),
+                                     std::chrono::seconds(240)));
+  }
+}
+
+TEST_CASE("nccl: the ring all-reduce over NCCL's sends and receives equals NCCL's all-reduce") {
+  if (skip_without_nccl()) return;
+  check_all_ok(test::run_processes({WEFT_PROCESS_GROUP_WORKER, "ring"}, nccl_rank_envs(3), std::chrono::seconds(240)));
+}
+
+TEST_CASE("nccl: a dead peer ends the other rank with a message, or makes its group throw") {
+  if (skip_without_nccl()) return;
+  // By default the watchdog aborts the communicators and ends the process.
+  auto outcomes = test::run_processes({WEFT_PROCESS_GROUP_WORKER, "dead_peer"}, nccl_rank_envs(2),
+                                      std::chrono::seconds(120));
+  CHECK_MESSAGE(outcomes[0].exit_status == 1, outcomes[0].output);
+  CHECK_MESSAGE(outcomes[0].output.find("process group nccl:") != std::string::npos, outcomes[0].output);
+  CHECK_MESSAGE(outcomes[0].output.find("ending the process") != std::string::npos, outcomes[0].output);
+  // WEFT_NCCL_ASYNC_ERROR_HANDLING=0: the process goes on and the group throws.
+  outcomes = test::run_processes({WEFT_PROCESS_GROUP_WORKER, "dead_peer"},
+                                 nccl_rank_envs(2, {{"WEFT_NCCL_ASYNC_ERROR_HANDLING", "0"}}), std::chrono::seconds(120));
+  check_all_ok(outcomes);
+  CHECK_MESSAGE(outcomes[0].output.find("the group failed earlier") != std::string::npos, outcomes[0].output);
+}
+
+TEST_CASE("nccl: DDP on CUDA ranks equals one process on the whole batch") {
+  if (skip_without_nccl()) return;
+  check_all_ok(test::run_processes({WEFT_DDP_WORKER, "equivalence", "mlp", "sgd"}, nccl_rank_envs(2),
+                                   std::chrono::seconds(240)));
+  check_all_ok(test::run_processes({WEFT_DDP_WORKER, "equivalence", "convnet", "adam", "views"}, nccl_rank_envs(2),
+                                   std::chrono::seconds(240)));
+  check_all_ok(test::run_processes({WEFT_DDP_WORKER, "partial_use"}, nccl_rank_envs(2), std::chrono::seconds(240)));
+}
