@@ -27,6 +27,7 @@
 #include "train/data_parallel_strategy.h"
 #include "train/distributed_strategy.h"
 #include "train/launch.h"
+#include "train/pipeline_strategy.h"
 #include "train/train_loop.h"
 
 using namespace weft;
@@ -37,6 +38,8 @@ struct Config {
   std::string model = "convnet", data = "fashion-mnist", data_dir = "/usr/share/datasets/fashion-mnist";
   std::string device, devices, optimizer = "sgd", mode = "single", checkpoint, resume, metrics_json, trace;
   int epochs = 3, workers = 0, nproc = 0, nnodes = 1, node_rank = 0, master_port = 0;
+  int microbatches = 4, virtual_stages = 0;  // 0: 2 with the interleaved schedule, else 1
+  std::string schedule = "1f1b";
   std::string master_addr;
   int64_t batch_size = 100;
   double lr = 0.01, momentum = 0.9;
@@ -82,11 +85,11 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, const std::vec
 }
 
 // The devices the mode runs on: --device for single; for ddp this rank's (--device, else
-// cuda:LOCAL_RANK with GPUs, else the CPU); for dp, --devices, else every logical CUDA device,
-// else (no GPU) two logical CPU devices.
+// cuda:LOCAL_RANK with GPUs, else the CPU); for dp and pipeline, --devices, else every
+// logical CUDA device, else (no GPU) two logical CPU devices.
 std::vector<Device> pick_devices(const Config& c, train::ParallelMode mode) {
   if (mode == train::ParallelMode::Single) {
-    WEFT_CHECK(c.devices.empty(), "--devices is for --mode dp (use --device for one device)");
+    WEFT_CHECK(c.devices.empty(), "--devices is for --mode dp or pipeline (use --device for one device)");
     return {Device(c.device.empty() ? (cuda_available() ? "cuda" : "cpu") : c.device)};
   }
   if (mode == train::ParallelMode::DistributedDataParallel) {
@@ -103,12 +106,16 @@ std::vector<Device> pick_devices(const Config& c, train::ParallelMode mode) {
     for (int i = 0; i < cuda_device_count(); ++i) all.push_back(Device::cuda(i));
     return all;
   }
-  std::cout << "weft-train: no GPU, so --mode dp runs on cpu:0,cpu:1 (choose with --devices)\n";
+  std::cout << "weft-train: no GPU, so --mode " << c.mode << " runs on cpu:0,cpu:1 (choose with --devices)\n";
   return {Device("cpu:0"), Device("cpu:1")};
 }
 
 // The model is on devices[0] already; each parallel mode adds its strategy here.
-std::shared_ptr<train::Strategy> make_strategy(train::ParallelMode mode, const std::vector<Device>& devices) {
+std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelMode mode,
+                                              const std::vector<Device>& devices) {
+  WEFT_CHECK(mode == train::ParallelMode::Pipeline || (c.microbatches == 4 && c.schedule == "1f1b" &&
+                                                       c.virtual_stages == 0),
+             "--microbatches, --schedule and --virtual-stages are for --mode pipeline");
   switch (mode) {
     case train::ParallelMode::Single: return std::make_shared<train::SingleDevice>();
     case train::ParallelMode::DataParallel: return std::make_shared<train::DataParallelStrategy>(devices);
@@ -117,6 +124,10 @@ std::shared_ptr<train::Strategy> make_strategy(train::ParallelMode mode, const s
       options.device = devices[0];
       return std::make_shared<train::DistributedStrategy>(options);
     }
+    case train::ParallelMode::Pipeline:
+      return std::make_shared<train::PipelineStrategy>(train::PipelineStrategyOptions{
+          .devices = devices, .micro_batches = c.microbatches, .schedule = c.schedule,
+          .virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1});
   }
   WEFT_FAIL("weft-train: no strategy for mode ", train::parallel_mode_name(mode));
 }
@@ -164,7 +175,7 @@ int run(const Config& c) {
   nn::CrossEntropyLoss criterion;
 
   train::TrainLoopOptions options;
-  options.strategy = make_strategy(mode, devices);
+  options.strategy = make_strategy(c, mode, devices);
   options.checkpoint_path = c.checkpoint;
   options.progress = !c.no_progress;
   options.trace_path = c.trace;
@@ -178,7 +189,11 @@ int run(const Config& c) {
   const std::string where = mode == train::ParallelMode::DistributedDataParallel
                                 ? "ddp over " + std::to_string(loop.strategy().world_size()) + " ranks (" +
                                       device_list(devices) + " each)"
-                                : (devices.size() > 1 ? c.mode + " over " : "") + device_list(devices);
+                                : (devices.size() > 1 ? c.mode + " over " : "") + device_list(devices) +
+                                      (mode == train::ParallelMode::Pipeline
+                                           ? " (" + c.schedule + ", " + std::to_string(c.microbatches) +
+                                                 " micro-batches)"
+                                           : "");
   if (main_process)
     std::cout << "weft-train: " << c.model << " on " << c.data << " (" << train_set->size() << " train, "
             << test_set->size() << " test), " << where << ", " << c.optimizer << " lr " << c.lr << ", batch "
@@ -210,7 +225,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", c.data, "fashion-mnist or synthetic")->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
   app.add_option("--data-dir", c.data_dir, "where the Fashion-MNIST IDX files are");
   app.add_option("--device", c.device, "cpu, cpu:N, cuda or cuda:N (default: cuda when available, else cpu)");
-  app.add_option("--mode", c.mode, "single, dp or ddp (pipeline comes with the rest of the parallel layer)");
+  app.add_option("--mode", c.mode, "single, dp, ddp or pipeline");
   app.add_option("--nproc", c.nproc,
                  "--mode ddp started by hand: the ranks to start through weft-run (default: one per GPU, else 2)")
       ->check(CLI::PositiveNumber);
@@ -222,7 +237,15 @@ int main(int argc, char** argv) {
   app.add_option("--master-port", c.master_port, "--mode ddp: the rendezvous port (weft-run's default: 29500)")
       ->check(CLI::Range(1, 65535));
   app.add_option("--devices", c.devices,
-                 "--mode dp: the devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1)");
+                 "--mode dp or pipeline: the devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (default: every GPU, else "
+                 "cpu:0,cpu:1); pipeline: one stage per device");
+  app.add_option("--microbatches", c.microbatches, "--mode pipeline: micro-batches per batch (4)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--schedule", c.schedule, "--mode pipeline: gpipe, 1f1b (default) or interleaved")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  app.add_option("--virtual-stages", c.virtual_stages,
+                 "--mode pipeline --schedule interleaved: stages per device (default 2 with interleaved)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--epochs", c.epochs, "epochs to train (in total, when resuming)")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", c.batch_size, "samples per batch (per rank in ddp, as PyTorch's per-process loader)")
       ->check(CLI::PositiveNumber);

@@ -68,8 +68,9 @@ if [ -n "$build" ]; then
     [nn/models]="core kernels kernels/cpu nn nn/models nn/optim"
     [nn/optim]="core kernels kernels/cpu nn nn/models nn/optim"
     [data]="core kernels kernels/cpu data"
-    [parallel]="core kernels kernels/cpu nn nn/models nn/optim data parallel"
-    [train]="core kernels kernels/cpu nn nn/models nn/optim data parallel train"
+    [parallel]="core kernels kernels/cpu nn nn/models nn/optim data parallel parallel/pipeline"
+    [parallel/pipeline]="core kernels kernels/cpu nn nn/models nn/optim data parallel parallel/pipeline"
+    [train]="core kernels kernels/cpu nn nn/models nn/optim data parallel parallel/pipeline train"
   )
   for layer in "${!below[@]}"; do
     [ -d "$objects/$layer" ] || continue

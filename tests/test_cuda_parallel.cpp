@@ -1,13 +1,14 @@
 // The parallel layer on CUDA logical devices (CTest runs it once as is and once with
 // WEFT_VIRTUAL_DEVICES=4, four logical devices on however many GPUs there are): comm's
 // ops against the same ops on CPU devices, DataParallel against one GPU, repeatable
-// dropout, and the trace lanes. Cases that need two devices say so and pass when there
-// is one.
+// dropout, pipelines against the same model on the CPU, and the trace lanes. Cases that
+// need two devices say so and pass when there is one.
 #include "cuda_test_util.h"
 
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
 #include "parallel/functions.h"
+#include "parallel/pipeline/pipeline.h"
 
 using namespace weft;
 using namespace weft::test;
@@ -96,6 +97,50 @@ TEST_CASE("DataParallel over every CUDA device trains like one GPU") {
   for (size_t i = 0; i < a.size(); ++i) {
     CHECK(b[i].device() == gpus[0]);
     CHECK_CLOSE(b[i].to(kCPU), a[i].to(kCPU), 1e-5, 1e-4);
+  }
+}
+
+TEST_CASE("a pipeline over every CUDA device trains like the model on the CPU, with each schedule") {
+  const auto gpus = all_gpus();
+  if (!need_two(gpus)) return;
+  auto make = [] {
+    Generator gen(31);
+    const TensorOptions f64(DType::Float64);
+    auto seq = std::make_shared<nn::Sequential>();
+    for (int i = 0; i < 4; ++i) {
+      seq->push_back(std::make_shared<nn::Linear>(i == 0 ? 24 : 32, 32, true, f64, &gen));
+      seq->push_back(std::make_shared<nn::ReLU>());
+    }
+    seq->push_back(std::make_shared<nn::Linear>(32, 10, true, f64, &gen));
+    return seq;
+  };
+  const int m = 2 * static_cast<int>(gpus.size());
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
+    CAPTURE(schedule);
+    auto reference = make();
+    parallel::pipeline::Pipeline pipe(make(), {.devices = gpus, .micro_batches = m, .schedule = schedule,
+                                               .virtual_stages = std::string(schedule) == "interleaved" ? 2 : 1});
+    optim::SGD sgd_ref(reference->parameters(), optim::SGDOptions{0.05, 0.9});
+    optim::SGD sgd_pipe(pipe.parameters(), optim::SGDOptions{0.05, 0.9});
+    for (int s = 0; s < 10; ++s) {
+      Generator data(50 + s);
+      Tensor x = randn({3 * m + 1, 24}, DType::Float64, &data);
+      Tensor y = randint(0, 10, {3 * m + 1}, DType::Int64, &data);
+      sgd_ref.zero_grad();
+      cross_entropy(reference->forward(x), y).backward();
+      sgd_ref.step();
+      sgd_pipe.zero_grad();
+      auto result = pipe.step(x.to(gpus[0]), y.to(gpus[0]),
+                              [](const Tensor& out, const Tensor& t) { return cross_entropy(out, t); });
+      sgd_pipe.step();
+      CHECK(result.loss.device() == pipe.stage_device(pipe.num_stages() - 1));
+    }
+    auto a = reference->named_parameters(), b = pipe.named_parameters();
+    for (size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(a[i].first);
+      CHECK(b[i].second.device().is_cuda());
+      CHECK_CLOSE(b[i].second.to(kCPU), a[i].second, 1e-9, 1e-9);
+    }
   }
 }
 

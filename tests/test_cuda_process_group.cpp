@@ -1,9 +1,9 @@
 // The nccl backend across processes (CUDA suite: skipped without a GPU): the same workers as
-// test_process_group and test_ddp, with WEFT_TEST_BACKEND=nccl, so every collective, reduce
-// op and dtype, the ring all-reduce over NCCL's sends and receives, a dead peer, and DDP's
-// equivalence with one process are checked on CUDA tensors. With fewer GPUs than ranks the
-// ranks share them, each with its own NCCL_HOSTID and NCCL over sockets on loopback (what
-// weft-run sets up; DESIGN.md, pitfalls).
+// test_process_group, test_ddp and test_pipeline, with WEFT_TEST_BACKEND=nccl, so every
+// collective, reduce op and dtype, the ring all-reduce over NCCL's sends and receives, a dead
+// peer, and DDP's and a multi-process pipeline's equivalence with one process are checked on
+// CUDA tensors. With fewer GPUs than ranks the ranks share them, each with its own
+// NCCL_HOSTID and NCCL over sockets on loopback (what weft-run sets up; DESIGN.md, pitfalls).
 #include "test_util.h"
 
 #include "parallel/process_group_nccl.h"
@@ -86,4 +86,11 @@ TEST_CASE("nccl: DDP on CUDA ranks equals one process on the whole batch") {
   check_all_ok(test::run_processes({WEFT_DDP_WORKER, "equivalence", "convnet", "adam", "views"}, nccl_rank_envs(2),
                                    std::chrono::seconds(240)));
   check_all_ok(test::run_processes({WEFT_DDP_WORKER, "partial_use"}, nccl_rank_envs(2), std::chrono::seconds(240)));
+}
+
+TEST_CASE("nccl: a pipeline with a stage per CUDA rank equals one device") {
+  if (skip_without_nccl()) return;
+  check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "1f1b", "4"}, nccl_rank_envs(2), std::chrono::seconds(240)));
+  check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "interleaved", "4", "2"}, nccl_rank_envs(2),
+                                   std::chrono::seconds(240)));
 }

@@ -23,12 +23,6 @@ using doctest::Contains;
 
 namespace {
 
-std::vector<Device> cpu_devices(int n) {
-  std::vector<Device> out;
-  for (int i = 0; i < n; ++i) out.emplace_back(DeviceType::CPU, i);
-  return out;
-}
-
 // Trains `reference` on one device and a copy of it under DataParallel over `devices`,
 // from the same weights on the same batches, and compares the parameters at the end.
 void check_equivalent(const std::shared_ptr<nn::Module>& reference, const std::vector<Device>& devices,
@@ -82,25 +76,28 @@ TEST_CASE("DataParallel trains like one device: ConvNet, MLP and ResNet over 2, 
   Generator gen(3);
   auto mlp = std::make_shared<nn::MLP>(20, std::vector<int64_t>{16}, 10, 0.0, &gen);
   mlp->to(DType::Float64);
-  for (int n : {2, 3, 4}) check_equivalent(std::static_pointer_cast<nn::Module>(mlp->clone()), cpu_devices(n), {20}, 12, 20, 1e-9);
-  check_equivalent(mlp, cpu_devices(4), {20}, 5, 20, 1e-9);  // 5 samples over 4 devices: 2, 2, 1 on three
+  for (int n : {2, 3, 4})
+    check_equivalent(std::static_pointer_cast<nn::Module>(mlp->clone()), test::cpu_devices(n), {20}, 12, 20, 1e-9);
+  check_equivalent(mlp, test::cpu_devices(4), {20}, 5, 20, 1e-9);  // 5 samples over 4 devices: 2, 2, 1 on three
 
   auto convnet = std::make_shared<nn::ConvNet>(10, &gen);
   convnet->to(DType::Float64);
-  for (int n : {2, 3}) check_equivalent(std::static_pointer_cast<nn::Module>(convnet->clone()), cpu_devices(n), {1, 28, 28}, 6, 20, 1e-9);
+  for (int n : {2, 3})
+    check_equivalent(std::static_pointer_cast<nn::Module>(convnet->clone()), test::cpu_devices(n), {1, 28, 28}, 6,
+                     20, 1e-9);
 
   // BatchNorm in evaluation mode: the running statistics normalise every chunk alike.
   auto resnet = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &gen);
   resnet->to(DType::Float64);
   resnet->eval();
-  check_equivalent(resnet, cpu_devices(4), {1, 12, 12}, 8, 20, 1e-9);
+  check_equivalent(resnet, test::cpu_devices(4), {1, 12, 12}, 8, 20, 1e-9);
 }
 
 TEST_CASE("replicate: replicas on each device, gradients summed into the module, replica 0 shares the buffers") {
   Generator gen(4);
   auto model = std::make_shared<nn::Sequential>(
       std::make_shared<nn::Conv2d>(2, 3, 3, 1, 1, 1, 1, true, TensorOptions(), &gen), std::make_shared<nn::BatchNorm2d>(3));
-  const auto devices = cpu_devices(3);
+  const auto devices = test::cpu_devices(3);
   auto replicas = parallel::replicate(*model, devices);
   REQUIRE(replicas.size() == 3);
   for (size_t d = 0; d < 3; ++d) {
@@ -149,7 +146,7 @@ TEST_CASE("DataParallel with dropout: two runs with the same seed are bit-identi
   auto run = [&] {
     manual_seed(99);
     auto model = std::static_pointer_cast<nn::Module>(base.clone());
-    parallel::DataParallel dp(model, cpu_devices(3));
+    parallel::DataParallel dp(model, test::cpu_devices(3));
     optim::SGD sgd(model->parameters(), optim::SGDOptions{0.1, 0.9});
     for (int s = 0; s < 5; ++s) {
       Generator data(50 + s);
@@ -165,7 +162,7 @@ TEST_CASE("DataParallel with dropout: two runs with the same seed are bit-identi
 
 TEST_CASE("DataParallel: an exception in one replica names the replica and its device") {
   auto model = std::make_shared<FailsOn>(Device("cpu:2"));
-  parallel::DataParallel dp(model, cpu_devices(4));
+  parallel::DataParallel dp(model, test::cpu_devices(4));
   CHECK_THROWS_WITH_AS(dp(ones({8, 3})), Contains("in replica 2 on device cpu:2: FailsOn: refused an input on cpu:2"),
                        Error);
   CHECK(dp(ones({2, 3})).shape() == Shape{2, 3});  // two chunks, on cpu:0 and cpu:1: it goes on working
@@ -175,7 +172,7 @@ TEST_CASE("DataParallel: an exception in one replica names the replica and its d
 TEST_CASE("DataParallel: module(), state_dict keys, one device, output_device, dim, errors") {
   Generator gen(7);
   auto mlp = std::make_shared<nn::MLP>(6, std::vector<int64_t>{5}, 3, 0.0, &gen);
-  auto dp = std::make_shared<parallel::DataParallel>(mlp, cpu_devices(2), Device("cpu:1"));
+  auto dp = std::make_shared<parallel::DataParallel>(mlp, test::cpu_devices(2), Device("cpu:1"));
   CHECK(&dp->module() == mlp.get());
   auto keys = dp->state_dict();
   REQUIRE(keys.size() == mlp->state_dict().size());
@@ -194,7 +191,7 @@ TEST_CASE("DataParallel: module(), state_dict keys, one device, output_device, d
     Transposed() : Cloneable("Transposed") {}
     Tensor forward(const Tensor& x) override { return mul(x, 2.0); }
   };
-  parallel::DataParallel by_columns(std::make_shared<Transposed>(), cpu_devices(3), std::nullopt, 1);
+  parallel::DataParallel by_columns(std::make_shared<Transposed>(), test::cpu_devices(3), std::nullopt, 1);
   Tensor wide = test::random({2, 7}, DType::Float32, 9);
   CHECK_CLOSE(by_columns(wide), mul(wide, 2.0), 0, 0);
 
@@ -234,7 +231,7 @@ TEST_CASE("TrainLoop 'dp': trains like one device, and checkpoints move between 
   std::ostringstream log;
   const std::string dp_ckpt = scratch("dp.st"), single_ckpt = scratch("single.st");
   auto [single_model, single] = make(nullptr, single_ckpt, log);
-  auto strategy = std::make_shared<train::DataParallelStrategy>(cpu_devices(3));
+  auto strategy = std::make_shared<train::DataParallelStrategy>(test::cpu_devices(3));
   auto [dp_model, dp] = make(strategy, dp_ckpt, log);
   CHECK(strategy->world_size() == 3);
   CHECK(dp->strategy().mode() == train::ParallelMode::DataParallel);
@@ -250,7 +247,7 @@ TEST_CASE("TrainLoop 'dp': trains like one device, and checkpoints move between 
   resumed_single->resume(dp_ckpt);
   CHECK(resumed_single->epoch() == 2);
   for (size_t i = 0; i < a.size(); ++i) CHECK_CLOSE(m1->parameters()[i], b[i], 0, 0);
-  auto [m2, resumed_dp] = make(std::make_shared<train::DataParallelStrategy>(cpu_devices(2)), "", log);
+  auto [m2, resumed_dp] = make(std::make_shared<train::DataParallelStrategy>(test::cpu_devices(2)), "", log);
   resumed_dp->resume(single_ckpt);
   for (size_t i = 0; i < a.size(); ++i) CHECK_CLOSE(m2->parameters()[i], a[i], 0, 0);
   CHECK(resumed_dp->fit(3).back().train_loss > 0);
@@ -267,7 +264,7 @@ TEST_CASE("TrainLoop trace_path: a Chrome trace with a row per device and DataPa
   auto loader = std::make_shared<data::DataLoader>(set, data::DataLoaderOptions{.batch_size = 20});
   std::ostringstream log;
   train::TrainLoopOptions options;
-  options.strategy = std::make_shared<train::DataParallelStrategy>(cpu_devices(2));
+  options.strategy = std::make_shared<train::DataParallelStrategy>(test::cpu_devices(2));
   options.log = &log;
   options.trace_path = scratch("run.trace.json");
   train::TrainLoop loop(model, loader, nullptr, loader, sgd, [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); },

@@ -71,4 +71,11 @@ inline Tensor leaf(const Shape& shape, uint64_t seed, double lo = 0, double hi =
   return random(shape, DType::Float64, seed, lo, hi).requires_grad_();
 }
 
+// cpu:0 ... cpu:(n-1): logical CPU devices for the parallel suites.
+inline std::vector<Device> cpu_devices(int n) {
+  std::vector<Device> out;
+  for (int i = 0; i < n; ++i) out.emplace_back(DeviceType::CPU, i);
+  return out;
+}
+
 }  // namespace weft::test

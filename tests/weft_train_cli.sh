@@ -29,7 +29,9 @@ expect_failure "--model: " --model transformer
 expect_failure "dataset-fashion-mnist" --data-dir "$dir/nowhere" --epochs 1
 expect_failure "invalid device 'gpu'" --data synthetic --device gpu
 expect_failure "not a safetensors file" --data synthetic --model mlp --resume "$dir/metrics.json"
-expect_failure "'pipeline' is not implemented yet" --data synthetic --mode pipeline
+expect_failure "--microbatches, --schedule and --virtual-stages are for --mode pipeline" --data synthetic --schedule gpipe
+expect_failure "a MLP cannot be split into stages" --data synthetic --model mlp --mode pipeline
+expect_failure "must be a multiple of the ranks" --data synthetic --mode pipeline --schedule interleaved --microbatches 3
 expect_failure "devices must all be CPU devices or all CUDA devices, got cpu:0 and cuda:0" --data synthetic --mode dp --devices cpu:0,cuda:0
 expect_failure "device cpu:1 is given twice" --data synthetic --mode dp --devices cpu:1,cpu:1
 expect_failure "--mode dp takes --devices" --data synthetic --mode dp --device cpu:0
@@ -75,6 +77,26 @@ cmp "$dir/ddp_straight.st" "$dir/ddp_resumed.st" ||
   { echo "FAIL: a resumed ddp run differs from an uninterrupted one"; exit 1; }
 expect_failure "--mode ddp runs one process per device" --data synthetic --mode ddp --nproc 2 --devices cpu:0,cpu:1
 
+# --mode pipeline: the ConvNet in two stages, four micro-batches a batch under 1F1B, reaches
+# the single-device accuracy (the same gradients up to rounding); its checkpoints resume on
+# one device and the other way round; its trace has a span per schedule action.
+conv=(--data synthetic --model convnet --batch-size 100 --seed 1 --no-progress)
+"$train" "${conv[@]}" --epochs 1 --device cpu --metrics-json "$dir/conv_single.json" --checkpoint "$dir/conv_single.st" > /dev/null
+"$train" "${conv[@]}" --epochs 1 --mode pipeline --devices cpu:0,cpu:1 --microbatches 4 --schedule 1f1b \
+  --metrics-json "$dir/pipe.json" --checkpoint "$dir/pipe.st" --trace "$dir/pipe.trace.json" > "$dir/pipe.log" 2>&1 ||
+  { echo "FAIL: --mode pipeline:"; cat "$dir/pipe.log"; exit 1; }
+[ "$(value "$dir/pipe.json" mode)" = pipeline ] && [ "$(value "$dir/pipe.json" world_size)" = 2 ] ||
+  { echo "FAIL: pipeline metrics:"; cat "$dir/pipe.json"; exit 1; }
+grep -q '"name":"1B3"' "$dir/pipe.trace.json" || { echo "FAIL: the pipeline trace has no 1B3 spans"; exit 1; }
+conv_accuracy=$(value "$dir/conv_single.json" test_accuracy) pipe_accuracy=$(value "$dir/pipe.json" test_accuracy)
+awk -v a="$conv_accuracy" -v b="$pipe_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' ||
+  { echo "FAIL: pipeline test accuracy $pipe_accuracy is not within 0.01 of the single-device $conv_accuracy"; exit 1; }
+"$train" "${conv[@]}" --epochs 2 --device cpu --resume "$dir/pipe.st" > "$dir/from_pipe.log" 2>&1 &&
+  grep -q "resumed from .* after epoch 1" "$dir/from_pipe.log" || { echo "FAIL: single from a pipeline checkpoint:"; cat "$dir/from_pipe.log"; exit 1; }
+"$train" "${conv[@]}" --epochs 2 --mode pipeline --devices cpu:0,cpu:1 --schedule gpipe --resume "$dir/conv_single.st" \
+  > "$dir/to_pipe.log" 2>&1 && grep -q "resumed from .* after epoch 1" "$dir/to_pipe.log" ||
+  { echo "FAIL: pipeline from a single-device checkpoint:"; cat "$dir/to_pipe.log"; exit 1; }
+
 # A rank killed in the middle of an epoch: weft-run stops the other within 30 s and names it.
 "$train" --data synthetic --model mlp --epochs 50 --batch-size 20 --no-progress --mode ddp --nproc 2 \
   > "$dir/killed.log" 2>&1 &
@@ -97,4 +119,4 @@ wait $launcher && { echo "FAIL: the ddp job succeeded after its rank 1 was kille
 grep -q "rank 1 (pid $victim) was killed by signal 9" "$dir/killed.log" ||
   { echo "FAIL: weft-run did not name the killed rank:"; cat "$dir/killed.log"; exit 1; }
 
-echo "weft-train: resume is byte-identical (single and ddp); metrics and errors as expected; dp accuracy $dp_accuracy, ddp $ddp_accuracy vs single $single_accuracy (${data[*]})"
+echo "weft-train: resume is byte-identical (single and ddp); metrics and errors as expected; dp accuracy $dp_accuracy, ddp $ddp_accuracy vs single $single_accuracy (${data[*]}); pipeline $pipe_accuracy vs single $conv_accuracy (convnet, synthetic)"

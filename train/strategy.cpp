@@ -10,8 +10,7 @@ ParallelMode parse_parallel_mode(const std::string& name) {
   if (name == "single") return ParallelMode::Single;
   if (name == "dp") return ParallelMode::DataParallel;
   if (name == "ddp") return ParallelMode::DistributedDataParallel;
-  WEFT_CHECK(name != "pipeline", "parallel mode '", name,
-             "' is not implemented yet (the parallel layer adds it); use single");
+  if (name == "pipeline") return ParallelMode::Pipeline;
   WEFT_FAIL("unknown parallel mode '", name, "' (expected single, dp, ddp or pipeline)");
 }
 
@@ -20,6 +19,7 @@ const char* parallel_mode_name(ParallelMode mode) {
     case ParallelMode::Single: return "single";
     case ParallelMode::DataParallel: return "dp";
     case ParallelMode::DistributedDataParallel: return "ddp";
+    case ParallelMode::Pipeline: return "pipeline";
   }
   return "unknown";
 }

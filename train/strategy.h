@@ -11,6 +11,8 @@
 //
 // SingleDevice (below): the model runs where it lives. DataParallelStrategy
 // (train/data_parallel_strategy.h): one process, the batch split across devices.
+// DistributedStrategy (train/distributed_strategy.h): one process per device, DDP.
+// PipelineStrategy (train/pipeline_strategy.h): one process, the model split into stages.
 #pragma once
 
 #include <memory>
@@ -27,8 +29,8 @@
 namespace weft::train {
 
 // weft-train's --mode and the metrics' "mode" (PyTorch's TrainLoop calls it gpu_mode).
-enum class ParallelMode { Single, DataParallel, DistributedDataParallel };
-// "single", "dp", "ddp"; "pipeline" is refused until the parallel layer adds it.
+enum class ParallelMode { Single, DataParallel, DistributedDataParallel, Pipeline };
+// "single", "dp", "ddp", "pipeline".
 ParallelMode parse_parallel_mode(const std::string& name);
 const char* parallel_mode_name(ParallelMode mode);
 

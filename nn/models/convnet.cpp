@@ -37,4 +37,8 @@ Tensor ConvNet::forward(const Tensor& input) {
   return child("fc")(out.reshape({out.size(0), -1}));
 }
 
+std::shared_ptr<Sequential> ConvNet::as_sequential() const {
+  return children_as_sequential(*this, "fc");
+}
+
 }  // namespace weft::nn

@@ -31,6 +31,7 @@
 
 #include "core/generator.h"
 #include "nn/module.h"
+#include "nn/sequential.h"
 
 namespace weft::nn {
 
@@ -41,6 +42,9 @@ class ConvNet : public Cloneable<ConvNet> {
 
   // input [N, 1, 28, 28] -> logits [N, num_classes].
   Tensor forward(const Tensor& input) override;
+  // The same layers (shared, not copied) as a Sequential that computes the same function:
+  // layer1, layer2, flatten, fc; its state_dict names are this model's. For pipelines.
+  std::shared_ptr<Sequential> as_sequential() const;
 
   int64_t num_classes() const { return num_classes_; }
 

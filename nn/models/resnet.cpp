@@ -84,4 +84,8 @@ Tensor ResNet::forward(const Tensor& input) {
   return child("fc")(x.flatten(1));
 }
 
+std::shared_ptr<Sequential> ResNet::as_sequential() const {
+  return children_as_sequential(*this, "fc");
+}
+
 }  // namespace weft::nn

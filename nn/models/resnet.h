@@ -21,6 +21,7 @@
 
 #include "core/generator.h"
 #include "nn/module.h"
+#include "nn/sequential.h"
 
 namespace weft::nn {
 
@@ -41,6 +42,10 @@ class ResNet : public Cloneable<ResNet> {
 
   // input [N, in_channels, H, W] -> logits [N, num_classes].
   Tensor forward(const Tensor& input) override;
+  // The same layers (shared, not copied) as a Sequential that computes the same function:
+  // conv1, bn1, relu, layer1, layer2, layer3, avgpool, flatten, fc; its state_dict names
+  // are this model's. For pipelines.
+  std::shared_ptr<Sequential> as_sequential() const;
 };
 
 }  // namespace weft::nn

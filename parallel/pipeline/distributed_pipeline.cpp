@@ -1,0 +1,225 @@
+// DistributedPipeline: one rank's stages, messages through the process group; see
+// distributed_pipeline.h.
+#include "parallel/pipeline/distributed_pipeline.h"
+
+#include <map>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "kernels/elementwise.h"
+#include "kernels/shape_ops.h"
+
+namespace weft::parallel::pipeline {
+
+namespace {
+
+constexpr int kMaxDims = 6;
+
+// The stage that receives what `a` (a SEND or RECV action) carries, and the one that sends it.
+int receiving_stage(const Action& a) {
+  if (a.kind == ActionKind::SendForward) return a.stage + 1;
+  if (a.kind == ActionKind::SendBackward) return a.stage - 1;
+  return a.stage;
+}
+int sending_stage(const Action& a) {
+  if (a.kind == ActionKind::RecvForward) return a.stage - 1;
+  if (a.kind == ActionKind::RecvBackward) return a.stage + 1;
+  return a.stage;
+}
+bool is_send(const Action& a) { return a.kind == ActionKind::SendForward || a.kind == ActionKind::SendBackward; }
+bool is_recv(const Action& a) { return a.kind == ActionKind::RecvForward || a.kind == ActionKind::RecvBackward; }
+
+// A message's number, the same for its send and its receive: forward or backward, the
+// sending stage, the micro-batch.
+int64_t message_id(const Action& a, int num_stages, int num_micro_batches) {
+  const bool forward = a.kind == ActionKind::SendForward || a.kind == ActionKind::RecvForward;
+  return ((forward ? 0 : 1) * int64_t{num_stages} + sending_stage(a)) * num_micro_batches + a.micro_batch;
+}
+
+std::string describe_message(int64_t id, int num_stages, int num_micro_batches) {
+  const int64_t mb = id % num_micro_batches, stage = id / num_micro_batches % num_stages;
+  const bool forward = id / num_micro_batches / num_stages == 0;
+  return std::to_string(stage) + (forward ? "SEND_F" : "SEND_B") + std::to_string(mb);
+}
+
+// Sends and receives through the group: a header (dtype, rank, dims) then the data, each
+// with a tag of its own; messages a rank sends itself (two of its stages in a row) stay here.
+class GroupTransport final : public Transport {
+ public:
+  GroupTransport(ProcessGroup& group, const Schedule& schedule) : group_(group), schedule_(schedule) {}
+
+  void send(const Action& send, const Tensor& tensor) override {
+    const int dst = schedule_.rank_of(receiving_stage(send));
+    const int64_t id = message_id(send, schedule_.num_stages, schedule_.num_micro_batches);
+    Tensor data = tensor.contiguous();
+    if (dst == group_.rank()) {
+      local_[id] = data;
+      return;
+    }
+    WEFT_CHECK(data.dim() <= kMaxDims, "pipeline: ", send.str(), " sends a ", data.dim(),
+               "-d tensor; stages may pass at most ", kMaxDims, "-d tensors between ranks");
+    std::vector<int64_t> header(2 + kMaxDims, 0);
+    header[0] = static_cast<int64_t>(data.dtype());
+    header[1] = data.dim();
+    for (int64_t d = 0; d < data.dim(); ++d) header[2 + d] = data.size(d);
+    Tensor head = tensor_of(header, data.device());
+    sends_.push_back(group_.send(head, dst, tag(id, 0)));
+    sends_.push_back(group_.send(data, dst, tag(id, 1)));
+    keep_.push_back(head), keep_.push_back(data);
+  }
+
+  Tensor recv(const Action& recv, Device device) override {
+    const int src = schedule_.rank_of(sending_stage(recv));
+    const int64_t id = message_id(recv, schedule_.num_stages, schedule_.num_micro_batches);
+    if (src == group_.rank()) {
+      auto node = local_.extract(id);
+      WEFT_CHECK(!node.empty(), "pipeline: ", recv.str(), " found nothing its rank sent itself");
+      return node.mapped();
+    }
+    Tensor head = zeros({2 + kMaxDims}, TensorOptions(DType::Int64, device));
+    group_.recv(head, src, tag(id, 0))->wait();
+    const std::vector<int64_t> header = head.to(kCPU).to_vector<int64_t>();
+    WEFT_CHECK(header[1] >= 0 && header[1] <= kMaxDims, "pipeline: ", recv.str(), " got a bad header from rank ",
+               src, " (", header[1], " dims)");
+    Shape shape;
+    for (int64_t d = 0; d < header[1]; ++d) shape.push_back(header[2 + d]);
+    Tensor data = empty(shape, TensorOptions(static_cast<DType>(header[0]), device));
+    group_.recv(data, src, tag(id, 1))->wait();
+    return data;
+  }
+
+  // Every send is done (their tensors may be freed).
+  void finish() {
+    for (const auto& work : sends_) work->wait();
+    sends_.clear();
+    keep_.clear();
+  }
+
+ private:
+  static Tensor tensor_of(const std::vector<int64_t>& values, Device device) {
+    return tensor(values, Shape{static_cast<int64_t>(values.size())}).to(device);
+  }
+  // Gloo's tags are below 2^30 for users: two per message.
+  int tag(int64_t id, int part) const {
+    const int64_t t = id * 2 + part;
+    WEFT_CHECK(t < (int64_t{1} << 30), "pipeline: too many stages and micro-batches for message tags");
+    return static_cast<int>(t);
+  }
+
+  ProcessGroup& group_;
+  const Schedule& schedule_;
+  std::vector<std::shared_ptr<Work>> sends_;
+  std::vector<Tensor> keep_;
+  std::map<int64_t, Tensor> local_;
+};
+
+}  // namespace
+
+void check_messages_in_order(const Schedule& s) {
+  // Per (sender, receiver): the messages in the order the sender sends them and in the
+  // order the receiver receives them.
+  std::map<std::pair<int, int>, std::vector<int64_t>> sent, received;
+  for (int r = 0; r < s.num_ranks(); ++r)
+    for (const Action& a : s.actions[r]) {
+      if (is_send(a) && s.rank_of(receiving_stage(a)) != r)
+        sent[{r, s.rank_of(receiving_stage(a))}].push_back(message_id(a, s.num_stages, s.num_micro_batches));
+      if (is_recv(a) && s.rank_of(sending_stage(a)) != r)
+        received[{s.rank_of(sending_stage(a)), r}].push_back(message_id(a, s.num_stages, s.num_micro_batches));
+    }
+  for (const auto& [pair, order] : sent) {
+    const auto& other = received[pair];
+    for (size_t i = 0; i < order.size() && i < other.size(); ++i)
+      WEFT_CHECK(order[i] == other[i], "pipeline schedule '", s.name, "': rank ", pair.first, "'s message ", i,
+                 " to rank ", pair.second, " is ", describe_message(order[i], s.num_stages, s.num_micro_batches),
+                 ", but rank ", pair.second, " receives ", describe_message(other[i], s.num_stages,
+                                                                            s.num_micro_batches),
+                 " then: between processes messages arrive in the order sent (run this schedule in one process, ",
+                 "with Pipeline)");
+  }
+}
+
+DistributedPipeline::DistributedPipeline(std::shared_ptr<nn::Sequential> model, std::shared_ptr<ProcessGroup> group,
+                                         DistributedPipelineOptions options)
+    : Module("DistributedPipeline"), group_(std::move(group)), options_(std::move(options)) {
+  WEFT_CHECK(model != nullptr && group_ != nullptr, "DistributedPipeline: the model and the group must be given");
+  WEFT_CHECK(options_.virtual_stages >= 1, "DistributedPipeline: virtual_stages must be at least 1, got ",
+             options_.virtual_stages);
+  const int ranks = group_->size();
+  stages_ = split_stages(*model, ranks * options_.virtual_stages, options_.balance);
+  set_schedule(make_schedule(options_.schedule, ranks, options_.micro_batches, options_.virtual_stages));
+  for (int s = 0; s < num_stages(); ++s) {
+    if (!holds_stage(s)) continue;
+    stages_[s]->to(options_.device);
+    for (const auto& [name, layer] : stages_[s]->named_children()) register_module(name, layer);
+  }
+}
+
+void DistributedPipeline::set_schedule(Schedule schedule) {
+  validate(schedule);
+  WEFT_CHECK(schedule.num_ranks() == group_->size() &&
+                 (stages_.empty() || schedule.num_stages == static_cast<int>(stages_.size())),
+             "DistributedPipeline: schedule '", schedule.name, "' has ", schedule.num_stages, " stages on ",
+             schedule.num_ranks(), " ranks; this pipeline has ", stages_.size(), " stages on ", group_->size(),
+             " ranks");
+  check_messages_in_order(schedule);
+  schedule_ = std::move(schedule);
+}
+
+std::shared_ptr<nn::Module> DistributedPipeline::shallow_copy() const {
+  WEFT_FAIL("DistributedPipeline: cannot be cloned or replicated (build one on every rank)");
+}
+
+Tensor DistributedPipeline::forward(const Tensor&) {
+  WEFT_FAIL("DistributedPipeline: this rank holds some stages of the model, not all of it; train with step() (or "
+            "use Pipeline in one process for forward())");
+}
+
+std::string DistributedPipeline::extra_repr() const {
+  std::ostringstream out;
+  out << "rank=" << group_->rank() << " of " << group_->size() << ", stages=[";
+  bool first = true;
+  for (int s = 0; s < num_stages(); ++s)
+    if (holds_stage(s)) out << (first ? "" : ", ") << s, first = false;
+  out << "] of " << num_stages() << ", device=" << options_.device << ", schedule=" << schedule_.name
+      << ", micro_batches=" << schedule_.num_micro_batches;
+  return out.str();
+}
+
+StepResult DistributedPipeline::step(const Tensor& input, const Tensor& target, const Criterion& criterion) {
+  const int S = num_stages(), m = schedule_.num_micro_batches;
+  StageStep data;
+  data.criterion = &criterion;
+  if (holds_stage(0)) {
+    WEFT_CHECK(input.defined() && input.dim() >= 1, "DistributedPipeline::step: rank ", group_->rank(),
+               " runs the first stage and needs the input batch");
+    data.batch = input.size(0);
+    data.sizes = micro_batch_sizes(data.batch, m);
+    data.inputs = split(input.detach().to(options_.device), data.sizes);
+  }
+  if (holds_stage(S - 1)) {
+    WEFT_CHECK(target.defined() && target.dim() >= 1, "DistributedPipeline::step: rank ", group_->rank(),
+               " runs the last stage and needs the targets");
+    WEFT_CHECK(!input.defined() || input.size(0) == target.size(0), "DistributedPipeline::step: input ",
+               input.shape(), " and target ", target.shape(), " must have the same batch size (dim 0)");
+    data.batch = target.size(0);
+    data.sizes = micro_batch_sizes(data.batch, m);
+    data.targets = split(target.detach().to(options_.device), data.sizes);
+  }
+  GroupTransport transport(*group_, schedule_);
+  try {
+    run_stage_actions(
+        schedule_, group_->rank(), [this](int s) -> nn::Module& { return *stages_[s]; },
+        [this](int) { return options_.device; }, transport, data);
+    transport.finish();
+  } catch (const std::exception& e) {
+    WEFT_FAIL("DistributedPipeline::step (schedule ", schedule_.name, ") on rank ", group_->rank(), ": ", e.what());
+  }
+  if (!holds_stage(S - 1)) return {};
+  NoGradGuard no_grad;
+  Tensor loss = data.losses[0];
+  for (int i = 1; i < m; ++i) loss = add(loss, data.losses[i]);
+  return {loss, cat(data.outputs)};
+}
+
+}  // namespace weft::parallel::pipeline

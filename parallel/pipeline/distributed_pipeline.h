@@ -1,0 +1,77 @@
+// DistributedPipeline: a pipeline whose stages live in different processes, one rank of a
+// process group each (torch.distributed.pipelining's PipelineStage + schedule, started with
+// weft-run or torchrun).
+//
+//   init_process_group("gloo");                          // or "nccl" with CUDA devices
+//   auto model = make_model();                           // every rank builds the whole model (same seed)
+//   parallel::pipeline::DistributedPipeline pipe(model, parallel::default_group_ptr(),
+//       {.device = kCPU, .micro_batches = 4, .schedule = "1f1b"});
+//   optim::SGD sgd(pipe.parameters(), {0.01});           // this rank's stages only
+//   auto result = pipe.step(images, labels, criterion);  // images used on the first stage's rank,
+//   sgd.step();                                          // labels on the last stage's
+//
+// Stage s lives on rank s % R of the group's R ranks (one stage per rank, or virtual_stages
+// per rank with the interleaved schedule), split from the Sequential as Pipeline splits it
+// (balance, or even by layer count). Each rank keeps its stages' layers, moved to its device,
+// as its children under the Sequential's names (its state_dict holds its own layers), and
+// runs its list of the schedule's actions; activations and gradients travel with the group's
+// send and recv (each preceded by a small header with the dtype and shape, so the receiver
+// needs no shape inference). Between two ranks messages are matched in the order sent, so a
+// schedule is refused where the order in which a rank sends to another differs from the
+// order the other receives in (the built-in ones are in order).
+//
+// step() returns, on the last stage's rank, the batch's mean loss and the outputs (as
+// Pipeline::step); on the other ranks both are undefined. Gradients are those of the whole
+// batch's mean loss, as in one process.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+#include "nn/sequential.h"
+#include "parallel/pipeline/pipeline.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/stage_runner.h"
+#include "parallel/process_group.h"
+
+namespace weft::parallel::pipeline {
+
+struct DistributedPipelineOptions {
+  Device device = kCPU;             // this rank's (a CUDA device with the nccl backend)
+  std::vector<size_t> balance;      // layers per stage; empty: as even as possible
+  int micro_batches = 1;
+  std::string schedule = "1f1b";    // gpipe, 1f1b or interleaved
+  int virtual_stages = 1;           // stages per rank (interleaved)
+};
+
+// Throws naming the first two ranks whose messages would be matched out of order.
+void check_messages_in_order(const Schedule& schedule);
+
+class DistributedPipeline : public nn::Module {
+ public:
+  DistributedPipeline(std::shared_ptr<nn::Sequential> model, std::shared_ptr<ProcessGroup> group,
+                      DistributedPipelineOptions options);
+
+  StepResult step(const Tensor& input, const Tensor& target, const Criterion& criterion);
+  // Not a whole model: forward() is an error that points at step().
+  Tensor forward(const Tensor& input) override;
+
+  void set_schedule(Schedule schedule);
+  const Schedule& schedule() const { return schedule_; }
+  int num_stages() const { return schedule_.num_stages; }
+  bool holds_stage(int s) const { return schedule_.rank_of(s) == group_->rank(); }
+  std::string extra_repr() const override;
+
+ protected:
+  std::shared_ptr<nn::Module> shallow_copy() const override;
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+  DistributedPipelineOptions options_;
+  std::vector<std::shared_ptr<nn::Sequential>> stages_;  // every stage; only this rank's are used
+  Schedule schedule_;
+};
+
+}  // namespace weft::parallel::pipeline

@@ -1,0 +1,155 @@
+// Pipeline: stages of a Sequential on devices, run by a schedule; see pipeline.h.
+#include "parallel/pipeline/pipeline.h"
+
+#include <atomic>
+#include <exception>
+#include <numeric>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/trace.h"
+#include "kernels/elementwise.h"
+#include "kernels/shape_ops.h"
+#include "parallel/fork_join.h"
+#include "parallel/pipeline/mailbox.h"
+
+namespace weft::parallel::pipeline {
+
+namespace {
+
+void check_devices(const std::vector<Device>& devices) {
+  WEFT_CHECK(!devices.empty(), "Pipeline: no devices (give one per rank: {cpu:0, cpu:1} or {cuda:0, cuda:1})");
+  for (size_t i = 0; i < devices.size(); ++i) {
+    WEFT_CHECK(devices[i].type == devices[0].type, "Pipeline: devices of one type, got ", devices[0], " and ",
+               devices[i]);
+    for (size_t j = 0; j < i; ++j)
+      WEFT_CHECK(devices[j] != devices[i], "Pipeline: device ", devices[i], " is given twice");
+  }
+}
+
+}  // namespace
+
+std::vector<std::shared_ptr<nn::Sequential>> split_stages(const nn::Sequential& model, int stages,
+                                                          const std::vector<size_t>& balance) {
+  const size_t layers = model.size();
+  WEFT_CHECK(stages >= 1, "Pipeline: at least one stage, got ", stages);
+  std::vector<size_t> counts = balance;
+  if (counts.empty()) {
+    WEFT_CHECK(layers >= static_cast<size_t>(stages), "Pipeline: ", stages,
+               " stages need at least as many layers; the Sequential has ", layers);
+    counts.assign(stages, layers / stages);
+    for (size_t k = 0; k < layers % stages; ++k) ++counts[k];
+  }
+  WEFT_CHECK(counts.size() == static_cast<size_t>(stages), "Pipeline: balance has ", counts.size(),
+             " entries for ", stages, " stages");
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  WEFT_CHECK(total == layers, "Pipeline: balance puts ", total, " layers in stages; the Sequential has ", layers);
+  std::vector<std::shared_ptr<nn::Sequential>> out;
+  size_t next = 0;
+  for (int k = 0; k < stages; ++k) {
+    WEFT_CHECK(counts[k] >= 1, "Pipeline: stage ", k, " has no layers (balance ", counts[k], ")");
+    auto stage = std::make_shared<nn::Sequential>();
+    for (size_t i = 0; i < counts[k]; ++i, ++next) {
+      const auto& [name, layer] = model.named_children()[next];
+      stage->push_back(name, layer);  // the Sequential's own names
+    }
+    out.push_back(std::move(stage));
+  }
+  return out;
+}
+
+Pipeline::Pipeline(std::shared_ptr<nn::Sequential> model, PipelineOptions options)
+    : Module("Pipeline"), model_(std::move(model)), options_(std::move(options)) {
+  WEFT_CHECK(model_ != nullptr, "Pipeline: the model is null");
+  check_devices(options_.devices);
+  WEFT_CHECK(options_.virtual_stages >= 1, "Pipeline: virtual_stages must be at least 1, got ",
+             options_.virtual_stages);
+  const int ranks = static_cast<int>(options_.devices.size());
+  stages_ = split_stages(*model_, ranks * options_.virtual_stages, options_.balance);
+  for (int s = 0; s < num_stages(); ++s) stages_[s]->to(stage_device(s));
+  // The Sequential's children are this module's, under the same names.
+  for (const auto& [name, child] : model_->named_children()) register_module(name, child);
+  set_schedule(make_schedule(options_.schedule, ranks, options_.micro_batches, options_.virtual_stages));
+}
+
+void Pipeline::set_schedule(Schedule schedule) {
+  validate(schedule);
+  WEFT_CHECK(schedule.num_stages == num_stages() && schedule.num_ranks() == static_cast<int>(options_.devices.size()),
+             "Pipeline: schedule '", schedule.name, "' has ", schedule.num_stages, " stages on ", schedule.num_ranks(),
+             " ranks; this pipeline has ", num_stages(), " stages on ", options_.devices.size(), " devices");
+  schedule_ = std::move(schedule);
+}
+
+std::shared_ptr<nn::Module> Pipeline::shallow_copy() const {
+  WEFT_FAIL("Pipeline: cannot be cloned or replicated (clone its Sequential and build a new Pipeline)");
+}
+
+std::string Pipeline::extra_repr() const {
+  std::ostringstream out;
+  out << "stages=" << num_stages() << ", devices=[";
+  for (size_t i = 0; i < options_.devices.size(); ++i) out << (i ? ", " : "") << options_.devices[i];
+  out << "], schedule=" << schedule_.name << ", micro_batches=" << schedule_.num_micro_batches;
+  return out.str();
+}
+
+Tensor Pipeline::forward(const Tensor& input) {
+  Tensor x = input;
+  for (int s = 0; s < num_stages(); ++s) {
+    TraceSpan span("forward", stage_device(s));
+    span.arg("stage", s);
+    x = stages_[s]->forward(x.to(stage_device(s)));
+  }
+  return x.to(output_device());
+}
+
+StepResult Pipeline::step(const Tensor& input, const Tensor& target, const Criterion& criterion) {
+  const int m = schedule_.num_micro_batches, S = num_stages(), R = schedule_.num_ranks();
+  WEFT_CHECK(input.dim() >= 1 && target.dim() >= 1 && input.size(0) == target.size(0), "Pipeline::step: input ",
+             input.shape(), " and target ", target.shape(), " must have the same batch size (dim 0)");
+  StageStep data;
+  data.batch = input.size(0);
+  data.sizes = micro_batch_sizes(data.batch, m);
+  data.inputs = split(input.detach().to(stage_device(0)), data.sizes);
+  data.targets = split(target.detach().to(stage_device(S - 1)), data.sizes);
+  data.criterion = &criterion;
+  // Each rank's thread runs its actions on its own copy of the step's data; the last
+  // stage's rank fills in the losses and outputs.
+  std::vector<StageStep> per_rank(R, data);
+  Mailbox mailbox([this](int s) { return stage_device(s); }, options_.timeout);
+
+  // A failing rank ends the others' waits; the first to fail is the one reported (the
+  // others' errors only say that they stopped waiting).
+  std::atomic<int> first_failed{-1};
+  std::vector<std::function<void()>> tasks;
+  for (int r = 0; r < R; ++r)
+    tasks.push_back([&, r] {
+      try {
+        run_stage_actions(
+            schedule_, r, [this](int s) -> nn::Module& { return *stages_[s]; },
+            [this](int s) { return stage_device(s); }, mailbox, per_rank[r]);
+      } catch (const std::exception& e) {
+        int none = -1;
+        first_failed.compare_exchange_strong(none, r);
+        mailbox.fail("rank " + std::to_string(r) + " (" + options_.devices[r].str() + ") failed: " + e.what());
+        throw;
+      }
+    });
+  const std::vector<std::exception_ptr> errors = fork_join(tasks);
+  if (const int r = first_failed.load(); r >= 0) {
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      WEFT_FAIL("Pipeline::step (schedule ", schedule_.name, ") on rank ", r, " (", options_.devices[r], "): ",
+                e.what());
+    }
+  }
+
+  const StageStep& last = per_rank[schedule_.rank_of(S - 1)];
+  NoGradGuard no_grad;
+  Tensor loss = last.losses[0];
+  for (int i = 1; i < m; ++i) loss = add(loss, last.losses[i]);
+  return {loss.to(output_device()), cat(last.outputs).to(output_device())};
+}
+
+}  // namespace weft::parallel::pipeline

@@ -1,0 +1,58 @@
+// run_stage_actions: what one rank of a pipeline does in a training step, whatever carries
+// its messages: its list of a schedule's actions, run in order on its stages.
+//
+// Pipeline (one process, a thread per device) and DistributedPipeline (a process per rank)
+// both run each rank's list through this; they differ in the Transport that carries the
+// SEND and RECV actions (a Mailbox between threads, or a process group's send and recv).
+//
+// Each (stage, micro-batch) keeps its input, output and loss from its forward until its
+// backward. A stage's input from the previous stage is a leaf of its own that requires
+// grad; its backward runs from the gradient the next stage sent (the last stage's from its
+// weighted loss), and the input's gradient is what it sends back. So stages never share an
+// autograd graph, and the activations of a micro-batch go as soon as its backward has run.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "nn/module.h"
+#include "parallel/pipeline/schedule.h"
+
+namespace weft::parallel::pipeline {
+
+// loss = criterion(output, target): the mean over the micro-batch.
+using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+// Carries a rank's activations and gradients to the rank of another stage.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // `send` is a SEND_F or SEND_B action; `tensor` lives on the sending stage's device.
+  virtual void send(const Action& send, const Tensor& tensor) = 0;
+  // `recv` is a RECV_F or RECV_B action; the tensor comes back on `device` (the receiving
+  // stage's), ready for the receiving thread's current stream.
+  virtual Tensor recv(const Action& recv, Device device) = 0;
+};
+
+// The sizes of the m micro-batches of a batch of n, as torch.tensor_split makes them (the
+// first n % m one longer); an error when n < m.
+std::vector<int64_t> micro_batch_sizes(int64_t n, int m);
+
+// One step's data for the stages of one rank.
+struct StageStep {
+  std::vector<Tensor> inputs;    // stage 0's micro-batches (on its device), where this rank has stage 0
+  std::vector<Tensor> targets;   // the last stage's, where this rank has it
+  std::vector<int64_t> sizes;    // every micro-batch's size
+  int64_t batch = 0;             // their sum
+  const Criterion* criterion = nullptr;
+  // Filled for the last stage's micro-batches: the weighted losses and the outputs, detached.
+  std::vector<Tensor> losses, outputs;
+};
+
+// Runs rank `rank`'s actions of `schedule`: `stage(s)` is stage s's module (on `device(s)`).
+void run_stage_actions(const Schedule& schedule, int rank, const std::function<nn::Module&(int)>& stage,
+                       const std::function<Device(int)>& device, Transport& transport, StageStep& step);
+
+}  // namespace weft::parallel::pipeline

@@ -1,0 +1,46 @@
+// PipelineStrategy: the model as a Sequential, split into stages over the devices.
+#include "train/pipeline_strategy.h"
+
+#include "core/error.h"
+#include "core/trace.h"
+#include "nn/models/convnet.h"
+#include "nn/models/resnet.h"
+
+namespace weft::train {
+
+namespace {
+
+std::shared_ptr<nn::Sequential> as_sequential(const std::shared_ptr<nn::Module>& model) {
+  if (auto seq = std::dynamic_pointer_cast<nn::Sequential>(model)) return seq;
+  if (auto convnet = std::dynamic_pointer_cast<nn::ConvNet>(model)) return convnet->as_sequential();
+  if (auto resnet = std::dynamic_pointer_cast<nn::ResNet>(model)) return resnet->as_sequential();
+  WEFT_FAIL("pipeline mode: a ", model->type_name(), " cannot be split into stages; give an nn::Sequential (ConvNet "
+            "and ResNet convert themselves with as_sequential())");
+}
+
+}  // namespace
+
+PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options) : options_(std::move(options)) {
+  WEFT_CHECK(!options_.devices.empty(), "PipelineStrategy: no devices given");
+}
+
+std::shared_ptr<nn::Module> PipelineStrategy::prepare(std::shared_ptr<nn::Module> model) {
+  return std::make_shared<parallel::pipeline::Pipeline>(
+      as_sequential(model), parallel::pipeline::PipelineOptions{.devices = options_.devices,
+                                                                .micro_batches = options_.micro_batches,
+                                                                .schedule = options_.schedule,
+                                                                .virtual_stages = options_.virtual_stages,
+                                                                .output_device = options_.devices[0]});
+}
+
+Tensor PipelineStrategy::train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,
+                                    optim::Optimizer& optimizer) {
+  auto& pipeline = dynamic_cast<parallel::pipeline::Pipeline&>(model);
+  optimizer.zero_grad();
+  Tensor loss = pipeline.step(batch.data, batch.target, criterion).loss;
+  TraceSpan span("optimizer step", input_device());
+  optimizer.step();
+  return loss;
+}
+
+}  // namespace weft::train

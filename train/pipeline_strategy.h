@@ -1,0 +1,47 @@
+// PipelineStrategy: the TrainLoop's 'pipeline' mode (weft-train --mode pipeline).
+//
+// The model, as an nn::Sequential (a Sequential itself, or ConvNet or ResNet through their
+// as_sequential(): the same layers, the same state_dict names), is split into stages over
+// the devices (parallel/pipeline/pipeline.h); each step splits the batch into micro-batches
+// and runs the schedule (gpipe, 1f1b or interleaved), the gradients accumulate in every
+// stage's parameters on its device, and one optimizer steps them all. Batches are delivered
+// to the first device, and the loss and outputs come back there. Evaluation runs the stages
+// one after the other on the whole batch. One process, so the epoch's totals need no
+// reduction; checkpoints hold the model's own names and load into single-device runs and
+// back.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/pipeline.h"
+#include "train/strategy.h"
+
+namespace weft::train {
+
+struct PipelineStrategyOptions {
+  std::vector<Device> devices;  // one stage per device (virtual_stages per device when interleaved)
+  int micro_batches = 4;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+};
+
+class PipelineStrategy final : public Strategy {
+ public:
+  explicit PipelineStrategy(PipelineStrategyOptions options);
+
+  ParallelMode mode() const override { return ParallelMode::Pipeline; }
+  int world_size() const override { return static_cast<int>(options_.devices.size()); }
+  std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model) override;
+  Device input_device() const override { return options_.devices[0]; }
+  Tensor train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,
+                    optim::Optimizer& optimizer) override;
+
+  const PipelineStrategyOptions& options() const { return options_; }
+
+ private:
+  PipelineStrategyOptions options_;
+};
+
+}  // namespace weft::train
