@@ -45,4 +45,16 @@ WEFT_HOST_DEVICE inline double mul_add(double a, double b, double c) {
 WEFT_HOST_DEVICE inline float sqrt(float x) { return ::sqrtf(x); }
 WEFT_HOST_DEVICE inline double sqrt(double x) { return ::sqrt(x); }
 
+// relu and its gradient (from relu's output) with PyTorch's rule for NaN: a NaN stays NaN
+// (x <= 0 is false for it), and the gradient at a NaN passes through as threshold_backward
+// lets it, so that corruption shows instead of turning into zeros.
+template <class T>
+WEFT_HOST_DEVICE inline T relu(T x) {
+  return x <= T(0) ? T(0) : x;
+}
+template <class T>
+WEFT_HOST_DEVICE inline T relu_grad(T grad, T output) {
+  return output <= T(0) ? T(0) : grad;
+}
+
 }  // namespace weft::hd

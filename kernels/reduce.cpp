@@ -166,6 +166,13 @@ std::pair<Tensor, Tensor> extremum_with_index(ReduceOp op, const Tensor& x, int6
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   check_defined(x, "sum", "input");
   auto mask = reduced_mask(x, dims, "sum");
+  if (!is_floating(x.dtype())) {
+    // Integers and bools are summed, and returned, as int64 (PyTorch's rule): a uint8 or
+    // int32 accumulator would wrap around. No gradient flows through integers.
+    check_supported(x.dtype(), "sum");
+    const Tensor wide = x.dtype() == DType::Int64 ? x : x.to(DType::Int64);
+    return reduce_forward(ReduceOp::Sum, wide, mask, keepdim, DType::Int64, "sum");
+  }
   Tensor out = reduce_forward(ReduceOp::Sum, x, mask, keepdim, x.dtype(), "sum");
   if (any_requires_grad(x)) {
     set_history(out, make_node(

@@ -16,6 +16,7 @@
 
 namespace weft {
 
+// Integer and bool inputs sum to int64, as in PyTorch (no wrap-around at the input's width).
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 // Floating dtypes only. The mean over zero elements is NaN, as in PyTorch.
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);

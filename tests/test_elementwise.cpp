@@ -87,6 +87,33 @@ TEST_CASE("unary ops match the reference") {
   CHECK(std::isnan(clamp(tensor(std::vector<double>{NAN}), 0.0, 1.0).item()));
 }
 
+TEST_CASE("NaN propagates as in PyTorch: relu, maximum / minimum, clamp, amax / amin, argmax, max(dim)") {
+  // Issue 11, item 4: relu(NaN) was 0 and its gradient 0, hiding corruption.
+  const double nan = std::nan("");
+  Tensor x = tensor(std::vector<double>{1, nan, -2, 3}, Shape{4});
+  auto is_nan = [](const Tensor& t, size_t i) { return std::isnan(t.to_vector<double>()[i]); };
+  Tensor r = relu(x);
+  CHECK(is_nan(r, 1));
+  CHECK(r.to_vector<double>()[2] == 0);
+  Tensor leaf = x.detach().requires_grad_();
+  sum(relu(leaf)).backward();
+  CHECK(leaf.grad().to_vector<double>()[1] == 1);  // threshold_backward lets the gradient through
+  CHECK(leaf.grad().to_vector<double>()[2] == 0);
+  Tensor y = x.clone();
+  relu_(y);
+  CHECK(is_nan(y, 1));
+  const Tensor one = ones({4}, TensorOptions(DType::Float64));
+  for (const Tensor& t : {maximum(x, one), maximum(one, x), minimum(x, one), minimum(one, x), clamp(x, 0.0, 2.0)})
+    CHECK(is_nan(t, 1));
+  CHECK(std::isnan(amax(x).item()));
+  CHECK(std::isnan(amin(x).item()));
+  CHECK(argmax(x).item<int64_t>() == 1);
+  CHECK(argmin(x).item<int64_t>() == 1);
+  auto [value, index] = max(x, 0);
+  CHECK(std::isnan(value.item()));
+  CHECK(index.item<int64_t>() == 1);
+}
+
 TEST_CASE("comparisons and where") {
   Tensor a = tensor({1, 2, 3, 4});
   Tensor b = tensor({4, 2, 1, 5});

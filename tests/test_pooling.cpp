@@ -112,6 +112,7 @@ const std::vector<PoolCase> kMaxCases = {
     {{3, 3}, {2, 3}, {1, 1}, {2, 1}, false},  // dilation
     {{2, 3}, {3, 2}, {1, 1}, {2, 2}, true},   // dilation + ceil_mode
     {{3, 3}, {2, 2}, {0, 0}, {1, 1}, true},   // ceil_mode adds a partial window
+    {{2, 2}, {2, 2}, {0, 0}, {1, 1}, true},   // the 2x2 fast path's shape, with partial windows on odd sizes
     {{1, 1}, {2, 2}, {0, 0}, {1, 1}, false},
     {{4, 5}, {1, 1}, {2, 2}, {1, 1}, false},
 };
@@ -154,6 +155,20 @@ TEST_CASE("max_pool2d: hand-computed values and indices") {
   auto [inf_out, inf_idx] = max_pool2d_with_indices(tensor({-inf, -inf, -inf, 5}, {1, 2, 2}), {1, 2}, {1, 1}, {0, 1});
   CHECK(inf_out.to_vector<float>() == std::vector<float>{-inf, -inf, -inf, -inf, 5, 5});
   CHECK(inf_idx.to_vector<int64_t>() == std::vector<int64_t>{0, 0, 1, 2, 3, 3});
+}
+
+TEST_CASE("max_pool2d: 2x2, stride 2, ceil_mode on odd sizes: the partial windows stay inside the input") {
+  // Issue 11, item 0: the 2x2 fast path read past the rows (and the plane) for the last
+  // windows, and its backward wrote outside the input's gradient. PyTorch's values:
+  Tensor x = arange(0, 15, 1, DType::Float32).reshape({1, 1, 3, 5}).requires_grad_();
+  auto [out, idx] = max_pool2d_with_indices(x, {2, 2}, {2, 2}, {0, 0}, {1, 1}, /*ceil_mode=*/true);
+  CHECK(out.shape() == Shape{1, 1, 2, 3});
+  CHECK(out.to_vector<float>() == std::vector<float>{6, 8, 9, 11, 13, 14});
+  CHECK(idx.to_vector<int64_t>() == std::vector<int64_t>{6, 8, 9, 11, 13, 14});
+  sum(out).backward();
+  std::vector<float> expected(15, 0.0f);
+  for (int64_t i : {6, 8, 9, 11, 13, 14}) expected[i] = 1;
+  CHECK(x.grad().to_vector<float>() == expected);
 }
 
 TEST_CASE("max_pool2d: forward and indices match a naive loop") {

@@ -117,6 +117,19 @@ TEST_CASE("reductions of a contiguous view with an offset read the right element
   CHECK_CLOSE(argmax(x, 2), reference(x, {2}, false, ref_argmax), 0, 0);
 }
 
+TEST_CASE("integer and bool sums accumulate and return int64") {
+  // Issue 11, item 5: 100 rows of 200 uint8 ones summed to 20000 mod 256.
+  Tensor ones_u8 = ones({100, 200}, TensorOptions(DType::UInt8));
+  CHECK(sum(ones_u8).dtype() == DType::Int64);
+  CHECK(sum(ones_u8).item<int64_t>() == 20000);
+  CHECK(sum(ones_u8, {0}).to_vector<int64_t>() == std::vector<int64_t>(200, 100));
+  Tensor big = full({3}, 2000000000.0, TensorOptions(DType::Int32));
+  CHECK(sum(big).item<int64_t>() == 6000000000LL);
+  Tensor flags = gt(tensor(std::vector<double>{1, -1, 2, 3}, Shape{4}), 0.0);
+  CHECK(sum(flags).dtype() == DType::Int64);
+  CHECK(sum(flags).item<int64_t>() == 3);
+}
+
 TEST_CASE("integer reductions: sum, amax, amin, argmax, argmin") {
   for (DType dtype : {DType::Int64, DType::Int32}) {
     Tensor x = mul(test::random({4, 3, 5}, DType::Float64, 13), 20.0).to(dtype);
@@ -124,8 +137,8 @@ TEST_CASE("integer reductions: sum, amax, amin, argmax, argmin") {
       CAPTURE(dtype);
       CAPTURE(dims.size());
       Tensor s = sum(x, dims);
-      CHECK(s.dtype() == dtype);
-      CHECK_CLOSE(s, reference(x, dims, false, ref_sum), 0, 0);
+      CHECK(s.dtype() == DType::Int64);  // as PyTorch: integers sum to int64
+      CHECK_CLOSE(s, reference(x, dims, false, ref_sum).to(DType::Int64), 0, 0);
       CHECK_CLOSE(amax(x, dims, true), reference(x, dims, true, ref_max), 0, 0);
       CHECK_CLOSE(amin(x, dims), reference(x, dims, false, ref_min), 0, 0);
     }
@@ -342,7 +355,7 @@ TEST_CASE("reduction errors") {
   CHECK_THROWS_WITH_AS(amax(x, {-3}), doctest::Contains("amax: dim -3 is out of range"), weft::Error);
   CHECK_THROWS_WITH_AS(var(x, {1, -1}), doctest::Contains("var: dim 1 appears more than once"), weft::Error);
   CHECK_THROWS_WITH_AS(argmax(x, 5), doctest::Contains("argmax: dim 5 is out of range"), weft::Error);
-  CHECK_THROWS_WITH_AS(sum(ones({2}, DType::Bool)), doctest::Contains("sum: not defined for bool tensors"),
+  CHECK_THROWS_WITH_AS(amax(ones({2}, DType::Bool)), doctest::Contains("amax: not defined for bool tensors"),
                        weft::Error);
   CHECK_THROWS_WITH_AS(amax(empty({2}, DType::BFloat16)), doctest::Contains("bfloat16"), weft::Error);
 }

@@ -57,17 +57,21 @@ single_accuracy=$(value "$dir/single.json" test_accuracy) dp_accuracy=$(value "$
 awk -v a="$single_accuracy" -v b="$dp_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' ||
   { echo "FAIL: dp test accuracy $dp_accuracy is not within 0.01 of the single-device $single_accuracy"; exit 1; }
 
+# The ddp runs rendezvous on a free port, not weft-run's default 29500 (another job on this
+# machine may hold it).
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+              echo $((20000 + RANDOM % 20000)); }
 # --mode ddp, self-started through weft-run: 2 ranks of 50 samples a batch reach the accuracy
 # of one process at batch 100; the metrics count the ranks.
 "$train" "${data[@]}" --model mlp --epochs 1 --batch-size 50 --seed 1 --no-progress --mode ddp --nproc 2 \
-  --metrics-json "$dir/ddp.json" > "$dir/ddp.log" 2>&1 || { echo "FAIL: --mode ddp:"; cat "$dir/ddp.log"; exit 1; }
+  --master-port "$(free_port)" --metrics-json "$dir/ddp.json" > "$dir/ddp.log" 2>&1 || { echo "FAIL: --mode ddp:"; cat "$dir/ddp.log"; exit 1; }
 [ "$(value "$dir/ddp.json" mode)" = ddp ] && [ "$(value "$dir/ddp.json" world_size)" = 2 ] ||
   { echo "FAIL: ddp metrics:"; cat "$dir/ddp.json"; exit 1; }
 ddp_accuracy=$(value "$dir/ddp.json" test_accuracy)
 awk -v a="$single_accuracy" -v b="$ddp_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' ||
   { echo "FAIL: ddp test accuracy $ddp_accuracy is not within 0.01 of the single-device $single_accuracy"; exit 1; }
 # A ddp run resumes as a single one does: every rank reads rank 0's checkpoint.
-ddp=(--mode ddp --nproc 2)
+ddp=(--mode ddp --nproc 2 --master-port "$(free_port)")
 "$train" "${common[@]}" "${ddp[@]}" --epochs 2 --checkpoint "$dir/ddp_straight.st" > "$dir/ddp_straight.log" 2>&1 ||
   { echo "FAIL: ddp with --checkpoint:"; cat "$dir/ddp_straight.log"; exit 1; }
 "$train" "${common[@]}" "${ddp[@]}" --epochs 1 --checkpoint "$dir/ddp_resumed.st" > /dev/null 2>&1
@@ -99,6 +103,7 @@ awk -v a="$conv_accuracy" -v b="$pipe_accuracy" 'BEGIN { d = a - b; if (d < 0) d
 
 # A rank killed in the middle of an epoch: weft-run stops the other within 30 s and names it.
 "$train" --data synthetic --model mlp --epochs 50 --batch-size 20 --no-progress --mode ddp --nproc 2 \
+  --master-port "$(free_port)" \
   > "$dir/killed.log" 2>&1 &
 launcher=$!
 victim=""

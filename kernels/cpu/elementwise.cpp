@@ -9,6 +9,7 @@
 #include "kernels/cpu/backend.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/elementwise_kernels.h"
+#include "kernels/host_device_math.h"
 
 namespace weft {
 
@@ -82,7 +83,7 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
     case BinaryOp::Gt: return binary_loop<T, bool>(a, b, out, [](T x, T y) { return x > y; });
     case BinaryOp::Ge: return binary_loop<T, bool>(a, b, out, [](T x, T y) { return x >= y; });
     case BinaryOp::ReluBackward:
-      return binary_loop<T, T>(a, b, out, [](T g, T y) { return y > T(0) ? g : T(0); });
+      return binary_loop<T, T>(a, b, out, [](T g, T y) { return hd::relu_grad(g, y); });
     case BinaryOp::SigmoidBackward:
       return binary_loop<T, T>(a, b, out, [](T g, T y) { return T(g * y * (T(1) - y)); });
     case BinaryOp::TanhBackward:
@@ -124,7 +125,7 @@ void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out, double p0, dou
     case UnaryOp::Neg: return unary_loop<T>(in, out, [](T x) { return T(-x); });
     case UnaryOp::Abs: return unary_loop<T>(in, out, [](T x) { return x < T(0) ? T(-x) : x; });
     case UnaryOp::Sign: return unary_loop<T>(in, out, [](T x) { return T((T(0) < x) - (x < T(0))); });
-    case UnaryOp::Relu: return unary_loop<T>(in, out, [](T x) { return x > T(0) ? x : T(0); });
+    case UnaryOp::Relu: return unary_loop<T>(in, out, [](T x) { return hd::relu(x); });
     case UnaryOp::Affine: return unary_loop<T>(in, out, [c0, c1](T x) { return T(c0 * x + c1); });
     case UnaryOp::Clamp:
       return unary_loop<T>(in, out, [p0, p1](T x) {

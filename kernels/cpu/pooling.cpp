@@ -115,10 +115,12 @@ void max_pool_typed(const Tensor& input, const Tensor& out, const Tensor& indice
   // Strides copied into locals: the compiler cannot keep members of a captured struct in
   // registers across the stores to dst / idx, which may alias them as far as it knows.
   const int64_t width = in.width, stride_h = in.stride_h, stride_w = in.stride_w;
-  // The 2x2, stride-2 pool of most CNNs: four fixed loads per output, no tap tables.
+  // The 2x2, stride-2 pool of most CNNs: four fixed loads per output, no tap tables. Only
+  // where every window is whole: with ceil_mode on an odd size the last window is cut at
+  // the edge, and the general loop below clips it.
   const bool two_by_two = g.kernel == std::array<int64_t, 2>{2, 2} && g.stride == std::array<int64_t, 2>{2, 2} &&
                           g.padding == std::array<int64_t, 2>{0, 0} && g.dilation == std::array<int64_t, 2>{1, 1} &&
-                          stride_w == 1;
+                          stride_w == 1 && 2 * oh <= in.height && 2 * ow <= in.width;
   if (two_by_two) {
     for_each_plane(in.count, oh * ow * 4, [&](int64_t plane) {
       const T* src = src_base + in.offset(plane);

@@ -26,6 +26,7 @@
 #include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/elementwise_kernels.h"
+#include "kernels/host_device_math.h"
 
 namespace weft::cuda {
 
@@ -115,7 +116,7 @@ template <class T> struct Lt { __device__ bool operator()(T x, T y) const { retu
 template <class T> struct Le { __device__ bool operator()(T x, T y) const { return x <= y; } };
 template <class T> struct Gt { __device__ bool operator()(T x, T y) const { return x > y; } };
 template <class T> struct Ge { __device__ bool operator()(T x, T y) const { return x >= y; } };
-template <class T> struct ReluBackward { __device__ T operator()(T g, T y) const { return y > T(0) ? g : T(0); } };
+template <class T> struct ReluBackward { __device__ T operator()(T g, T y) const { return hd::relu_grad(g, y); } };
 template <class T> struct SigmoidBackward {
   __device__ T operator()(T g, T y) const { return T(g * y * (T(1) - y)); }
 };
@@ -139,7 +140,7 @@ template <class T> struct Sign {
     else return T((T(0) < x) - (x < T(0)));
   }
 };
-template <class T> struct Relu { __device__ T operator()(T x) const { return x > T(0) ? x : T(0); } };
+template <class T> struct Relu { __device__ T operator()(T x) const { return hd::relu(x); } };
 template <class T> struct Exp { __device__ T operator()(T x) const { return math::exp(x); } };
 template <class T> struct Log { __device__ T operator()(T x) const { return math::log(x); } };
 template <class T> struct Sqrt { __device__ T operator()(T x) const { return math::sqrt(x); } };
