@@ -9,9 +9,11 @@
 // same for PyTorch.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <fstream>
-#include <optional>
 #include <iostream>
+#include <optional>
+#include <sstream>
 
 #include <weft.h>
 
@@ -132,6 +134,14 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
   WEFT_FAIL("weft-train: no strategy for mode ", train::parallel_mode_name(mode));
 }
 
+// A number as JSON has it: NaN and infinities, which JSON cannot write, as null.
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
 std::string device_list(const std::vector<Device>& devices) {
   std::string out;
   for (Device d : devices) out += (out.empty() ? "" : ",") + d.str();
@@ -205,9 +215,10 @@ int run(const Config& c) {
     for (const auto& r : results) images += r.images_per_second * r.seconds, seconds += r.seconds;
     const train::EpochResult* last = results.empty() ? nullptr : &results.back();
     std::ofstream out(c.metrics_json);
-    out << "{\n  \"test_accuracy\": " << (last && last->test ? last->test->accuracy : 0.0)
-        << ",\n  \"final_loss\": " << (last ? last->train_loss : 0.0)
-        << ",\n  \"images_per_second\": " << (seconds > 0 ? images / seconds : 0.0) << ",\n  \"epochs\": " << loop.epoch()
+    out << "{\n  \"test_accuracy\": " << json_number(last && last->test ? last->test->accuracy : 0.0)
+        << ",\n  \"final_loss\": " << json_number(last ? last->train_loss : 0.0)
+        << ",\n  \"images_per_second\": " << json_number(seconds > 0 ? images / seconds : 0.0)
+        << ",\n  \"epochs\": " << loop.epoch()
         << ",\n  \"world_size\": " << loop.strategy().world_size() << ",\n  \"mode\": \""
         << train::parallel_mode_name(mode) << "\",\n  \"device\": \""
         << device_list(devices) << "\",\n  \"framework\": \"weft\",\n  \"threads\": " << num_threads() << "\n}\n";

@@ -10,8 +10,11 @@ namespace weft {
 Tensor empty(const Shape& shape, const TensorOptions& options) {
   check_supported(options.dtype, "empty");
   for (int64_t n : shape) WEFT_CHECK(n >= 0, "empty: negative size in shape ", shape);
+  int64_t bytes = 0;
+  WEFT_CHECK(!__builtin_mul_overflow(checked_numel(shape, "empty"), element_size(options.dtype), &bytes), "empty: shape ",
+             shape, " of ", options.dtype, " has more bytes than an int64 counts");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = make_storage(static_cast<size_t>(shape.numel() * element_size(options.dtype)), options.device);
+  impl->storage = make_storage(static_cast<size_t>(bytes), options.device);
   impl->sizes = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = options.dtype;

@@ -36,6 +36,20 @@ std::ostream& operator<<(std::ostream& out, const Shape& shape) {
   return out << ']';
 }
 
+int64_t checked_numel(const Shape& shape, const char* op) {
+  int64_t count = 1, nonzero = 1;
+  for (int64_t n : shape) {
+    if (n == 0) {
+      count = 0;
+      continue;
+    }
+    WEFT_CHECK(!__builtin_mul_overflow(nonzero, n, &nonzero), op, ": shape ", shape,
+               " has more elements than an int64 counts");
+    count = count == 0 ? 0 : nonzero;
+  }
+  return count;
+}
+
 Shape contiguous_strides(const Shape& sizes) {
   Shape strides;
   strides.resize(sizes.size());

@@ -77,6 +77,9 @@ std::ostream& operator<<(std::ostream& out, const Shape& shape);
 
 // Row-major strides, in elements.
 Shape contiguous_strides(const Shape& sizes);
+// shape.numel(), checked: an error naming `op` and the shape when the count, or the product
+// of the non-zero extents (what strides are made of), does not fit in an int64.
+int64_t checked_numel(const Shape& shape, const char* op);
 
 // Wraps a possibly negative dim into [0, ndim); names `op` in the error.
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);

@@ -61,14 +61,15 @@ Shape infer_size(const Shape& requested, int64_t numel, const char* op) {
       infer_at = i;
     } else {
       WEFT_CHECK(out[i] >= 0, op, ": invalid size ", out[i], " in shape ", requested);
-      known *= out[i];
+      WEFT_CHECK(!__builtin_mul_overflow(known, out[i], &known), op, ": shape ", requested,
+                 " has more elements than an int64 counts");
     }
   }
   if (infer_at >= 0) {
     WEFT_CHECK(known != 0 && numel % known == 0, op, ": shape ", requested, " is invalid for input of size ", numel);
     out[infer_at] = numel / known;
   }
-  WEFT_CHECK(out.numel() == numel, op, ": shape ", requested, " is invalid for input of size ", numel);
+  WEFT_CHECK(checked_numel(out, op) == numel, op, ": shape ", requested, " is invalid for input of size ", numel);
   return out;
 }
 
@@ -217,6 +218,7 @@ Tensor Tensor::expand(const Shape& requested) const {
     strides[i] = have == want ? this->strides()[j] : 0;
   }
   if (sizes == shape()) return *this;
+  checked_numel(sizes, "expand");
   Tensor out = make_view(*this, sizes, strides, offset());
   if (any_requires_grad(*this))
     set_history(out, make_node(

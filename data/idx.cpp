@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -18,22 +19,6 @@ std::string read_plain(const std::string& path) {
   std::ostringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
-}
-
-std::string read_gzip(const std::string& path) {
-  gzFile file = gzopen(path.c_str(), "rb");
-  WEFT_CHECK(file != nullptr, "read_idx: cannot open '", path, "'");
-  std::string out;
-  char chunk[1 << 16];
-  int n;
-  while ((n = gzread(file, chunk, sizeof chunk)) > 0) out.append(chunk, static_cast<size_t>(n));
-  // A truncated stream ends in a "successful" read of 0 bytes with an error recorded.
-  int status = Z_OK;
-  std::string why = gzerror(file, &status);
-  gzclose(file);
-  WEFT_CHECK(n == 0 && (status == Z_OK || status == Z_STREAM_END), "read_idx: '", path,
-             "' is not a valid gzip file (", why, ") after ", out.size(), " decompressed bytes");
-  return out;
 }
 
 uint32_t big_endian_u32(const std::string& bytes, size_t at) {
@@ -53,29 +38,87 @@ DType dtype_of_code(int code, const std::string& name) {
             " at byte 2 (supported: 0x08 uint8, 0x0C int32, 0x0D float32, 0x0E float64)");
 }
 
-}  // namespace
+// What an IDX header says: the dtype, the shape, and so the file's exact size.
+struct IdxHeader {
+  DType dtype;
+  Shape shape;
+  size_t header_bytes;
+  uint64_t count;        // values
+  uint64_t total_bytes;  // header + values
+};
 
-Tensor parse_idx(const std::string& bytes, const std::string& name) {
+// The header at the start of `bytes`, which must hold all of it. Sizes are multiplied with
+// a cap checked before each product (so a product never wraps around), and the dims that
+// are not zero are capped too (a zero beside huge dims would hide them from the count).
+IdxHeader parse_header(const std::string& bytes, const std::string& name) {
   WEFT_CHECK(bytes.size() >= 4, "read_idx: '", name, "' is ", bytes.size(), " bytes long, too short for an IDX header");
   WEFT_CHECK(bytes[0] == 0 && bytes[1] == 0, "read_idx: '", name,
              "' does not start with an IDX magic number (bytes 0-1 must be zero)");
-  DType dtype = dtype_of_code(static_cast<unsigned char>(bytes[2]), name);
-  int ndim = static_cast<unsigned char>(bytes[3]);
+  IdxHeader h;
+  h.dtype = dtype_of_code(static_cast<unsigned char>(bytes[2]), name);
+  const int ndim = static_cast<unsigned char>(bytes[3]);
   WEFT_CHECK(ndim >= 1 && ndim <= kMaxDims, "read_idx: '", name, "': ", ndim, " dimensions at byte 3 (expected 1 to ",
              kMaxDims, ")");
-  size_t header = 4 + 4 * static_cast<size_t>(ndim);
-  WEFT_CHECK(bytes.size() >= header, "read_idx: '", name, "' is truncated in its header: ", bytes.size(),
-             " bytes, the header of ", ndim, " dims needs ", header);
-  Shape shape;
-  uint64_t count = 1;
+  h.header_bytes = 4 + 4 * static_cast<size_t>(ndim);
+  WEFT_CHECK(bytes.size() >= h.header_bytes, "read_idx: '", name, "' is truncated in its header: ", bytes.size(),
+             " bytes, the header of ", ndim, " dims needs ", h.header_bytes);
+  constexpr uint64_t kCap = uint64_t{1} << 40;
+  uint64_t count = 1, nonzero = 1;
   for (int d = 0; d < ndim; ++d) {
-    uint32_t n = big_endian_u32(bytes, 4 + 4 * d);
-    shape.push_back(n);
-    count *= n;
-    WEFT_CHECK(count <= (uint64_t{1} << 40), "read_idx: '", name, "': dims up to byte ", 8 + 4 * d,
+    const uint32_t n = big_endian_u32(bytes, 4 + 4 * d);
+    h.shape.push_back(n);
+    if (n == 0) {
+      count = 0;
+      continue;
+    }
+    WEFT_CHECK(nonzero <= kCap / n, "read_idx: '", name, "': dims up to byte ", 8 + 4 * d,
                " describe more than 2^40 values");
+    nonzero *= n;
+    count *= n;
   }
-  uint64_t expected = header + count * element_size(dtype);
+  h.count = count;
+  h.total_bytes = h.header_bytes + count * element_size(h.dtype);
+  return h;
+}
+
+// The gzip'd file inflated, but never past what its header describes: a small file that
+// inflates to gigabytes (a gzip bomb) stops one byte after the size its header allows.
+std::string read_gzip(const std::string& path) {
+  gzFile file = gzopen(path.c_str(), "rb");
+  WEFT_CHECK(file != nullptr, "read_idx: cannot open '", path, "'");
+  std::string out;
+  std::optional<uint64_t> limit;  // the header's total, once the header is in
+  char chunk[1 << 16];
+  int n = 0;
+  try {
+    while ((n = gzread(file, chunk, sizeof chunk)) > 0) {
+      out.append(chunk, static_cast<size_t>(n));
+      if (!limit && out.size() >= 4 && out.size() >= 4 + 4 * static_cast<size_t>(static_cast<unsigned char>(out[3])))
+        limit = parse_header(out, path).total_bytes;
+      WEFT_CHECK(!limit || out.size() <= *limit, "read_idx: '", path, "' inflates to more than the ", *limit,
+                 " bytes its header describes (stopped after ", out.size(), " bytes)");
+    }
+  } catch (...) {
+    gzclose(file);
+    throw;
+  }
+  // A truncated stream ends in a "successful" read of 0 bytes with an error recorded.
+  int status = Z_OK;
+  std::string why = gzerror(file, &status);
+  gzclose(file);
+  WEFT_CHECK(n == 0 && (status == Z_OK || status == Z_STREAM_END), "read_idx: '", path,
+             "' is not a valid gzip file (", why, ") after ", out.size(), " decompressed bytes");
+  return out;
+}
+
+}  // namespace
+
+Tensor parse_idx(const std::string& bytes, const std::string& name) {
+  const IdxHeader h = parse_header(bytes, name);
+  const DType dtype = h.dtype;
+  const uint64_t count = h.count, expected = h.total_bytes;
+  const size_t header = h.header_bytes;
+  const Shape& shape = h.shape;
   WEFT_CHECK(bytes.size() == expected, "read_idx: '", name, "' has ", bytes.size(), " bytes but its header (shape ",
              shape, ", ", dtype, ") needs exactly ", expected, bytes.size() < expected ? " (truncated at byte " : " (",
              bytes.size() < expected ? std::to_string(bytes.size()) : "trailing bytes from " + std::to_string(expected),

@@ -52,6 +52,29 @@ TEST_CASE("malformed IDX input gets a clear error, never a crash") {
   CHECK_THROWS_WITH_AS(parse_idx(good + "x", "f"), Contains("trailing bytes from 16"), Error);
   CHECK_THROWS_WITH_AS(parse_idx(header(0x08, {0xffffffff, 0xffffffff}), "f"), Contains("more than 2^40 values"), Error);
   CHECK_THROWS_WITH_AS(read_idx("/nonexistent/file"), Contains("cannot open '/nonexistent/file'"), Error);
+  // Issue 11, item 1: 2^20 x 2^20 x 2^24 wrapped to 0 values, so a 16-byte file passed;
+  // a zero dim beside huge ones hid them from the cap.
+  CHECK_THROWS_WITH_AS(parse_idx(header(0x08, {1u << 20, 1u << 20, 1u << 24}), "f"),
+                       Contains("dims up to byte 16 describe more than 2^40 values"), Error);
+  CHECK_THROWS_WITH_AS(parse_idx(header(0x08, {0, 0xffffffff, 0xffffffff}), "f"), Contains("more than 2^40 values"),
+                       Error);
+  CHECK(parse_idx(header(0x08, {0, 28, 28}), "f").shape() == Shape{0, 28, 28});  // empty, not an error
+}
+
+TEST_CASE("a gzip bomb stops inflating just past the size its header describes, naming the file") {
+  // Issue 11, item 3: a 9.4 MB file inflated whole (4.4 GB) before its header was checked.
+  // Here: a header for 10 bytes, then 64 MiB of zeros (about 64 KiB compressed).
+  const std::string bomb = scratch_path("bomb.idx.gz");
+  gzFile f = gzopen(bomb.c_str(), "wb9");
+  const std::string head = header(0x08, {10});
+  gzwrite(f, head.data(), static_cast<unsigned>(head.size()));
+  const std::string zeros(1 << 20, '\0');
+  for (int i = 0; i < 64; ++i) gzwrite(f, zeros.data(), static_cast<unsigned>(zeros.size()));
+  gzclose(f);
+  CHECK(std::filesystem::file_size(bomb) < (1u << 20));
+  const std::string expected = "'" + bomb + "' inflates to more than the 18 bytes its header describes";
+  CHECK_THROWS_WITH_AS(read_idx(bomb), Contains(expected.c_str()), Error);
+  std::filesystem::remove(bomb);
 }
 
 TEST_CASE("plain and gzip'd files round trip") {

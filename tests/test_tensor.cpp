@@ -34,6 +34,18 @@ TEST_CASE("shapes: rank limit, broadcasting errors") {
   CHECK_THROWS_WITH_AS(empty({2, -1}), Contains("negative size"), Error);
 }
 
+TEST_CASE("shapes whose element count overflows an int64 are errors, not 0-byte tensors") {
+  // Issue 11, item 1: zeros({2^32, 2^32}) made a 0-byte tensor that select() then read.
+  const int64_t big = int64_t{1} << 32;
+  CHECK_THROWS_WITH_AS(zeros({big, big}), doctest::Contains("has more elements than an int64 counts"), Error);
+  CHECK_THROWS_WITH_AS(zeros({0, big, big}), doctest::Contains("empty: shape [0, 4294967296, 4294967296]"), Error);
+  CHECK_THROWS_WITH_AS(empty({int64_t{1} << 61}, DType::Float64), doctest::Contains("more bytes than an int64 counts"),
+                       Error);
+  CHECK_THROWS_WITH_AS(zeros({0}).reshape({0, big, big}), doctest::Contains("reshape: shape [0, 4294967296"), Error);
+  CHECK_THROWS_WITH_AS(ones({1, 1}).expand({big, big}), doctest::Contains("expand: shape"), Error);
+  CHECK(zeros({0, 1 << 20, 1 << 20}).numel() == 0);  // large but countable: fine
+}
+
 TEST_CASE("factories") {
   CHECK(zeros({2, 3}).to_vector<float>() == std::vector<float>(6, 0.f));
   CHECK(ones({2}, DType::Int64).to_vector<int64_t>() == std::vector<int64_t>{1, 1});

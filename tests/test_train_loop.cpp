@@ -2,7 +2,9 @@
 // a run resumed from a checkpoint ends bit-identical to one that never stopped.
 #include "test_util.h"
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <unistd.h>
 
 #include "data/dataloader.h"
@@ -128,6 +130,32 @@ TEST_CASE("resuming from the epoch-1 checkpoint ends with the same weights") {
     std::filesystem::remove(straight);
     std::filesystem::remove(stopped);
   }
+}
+
+TEST_CASE("a diverged run stops with a message and keeps the last good checkpoint") {
+  // Issue 11, item 2: NaN losses trained on, exited 0 and overwrote every checkpoint.
+  std::ostringstream log;
+  const std::string path = scratch("diverged.safetensors");
+  Run r = make_run(7, false, path, log);
+  r.loop->fit(1);
+  auto read = [&] {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string good = read();
+  REQUIRE(!good.empty());
+  {
+    NoGradGuard no_grad;
+    const Tensor w = r.model->parameters()[0];
+    w.copy_(full(w.shape(), std::nan(""), TensorOptions(w.dtype())));
+  }
+  const std::string expected = "training diverged: the loss is nan in epoch 2 (step 1 of 8), so the weights are "
+                               "no longer usable; the checkpoint of epoch 1 ('" + path + "') is kept";
+  CHECK_THROWS_WITH_AS(r.loop->fit(2), Contains(expected.c_str()), Error);
+  CHECK(read() == good);
+  CHECK_THROWS_WITH_AS(r.loop->save_checkpoint(path), Contains("holds NaN or infinite values"), Error);
+  CHECK(read() == good);
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("TrainLoop errors") {

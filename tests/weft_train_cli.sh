@@ -29,6 +29,11 @@ expect_failure "--model: " --model transformer
 expect_failure "dataset-fashion-mnist" --data-dir "$dir/nowhere" --epochs 1
 expect_failure "invalid device 'gpu'" --data synthetic --device gpu
 expect_failure "not a safetensors file" --data synthetic --model mlp --resume "$dir/metrics.json"
+# A diverging run (--lr 100) stops with a message and a failure status, and writes no
+# checkpoint of NaN weights.
+expect_failure "training diverged: the loss is nan in epoch 1" --data synthetic --model mlp --lr 100 --epochs 1 \
+  --no-progress --checkpoint "$dir/diverged.st"
+[ ! -e "$dir/diverged.st" ] || { echo "FAIL: a diverged run wrote a checkpoint"; exit 1; }
 expect_failure "--microbatches, --schedule and --virtual-stages are for --mode pipeline" --data synthetic --schedule gpipe
 expect_failure "a MLP cannot be split into stages" --data synthetic --model mlp --mode pipeline
 expect_failure "must be a multiple of the ranks" --data synthetic --mode pipeline --schedule interleaved --microbatches 3

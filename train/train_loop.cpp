@@ -2,6 +2,7 @@
 #include "train/train_loop.h"
 
 #include <charconv>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <iomanip>
@@ -57,6 +58,17 @@ std::ostream& log_stream(const TrainLoopOptions& o, const Strategy& strategy) {
 
 }  // namespace
 
+void TrainLoop::check_finite_loss(double loss, int epoch, const std::string& where) const {
+  if (std::isfinite(loss)) return;
+  const std::string kept = options_.checkpoint_path.empty() ? ""
+                           : epoch > 1                      ? "; the checkpoint of epoch " + std::to_string(epoch - 1) +
+                                                                 " ('" + options_.checkpoint_path + "') is kept"
+                                                            : "; no checkpoint was written";
+  WEFT_FAIL("training diverged: the loss is ", std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf", " in epoch ", epoch, " (", where,
+            "), so the weights are no longer usable", kept,
+            ". Lower the learning rate or clip the gradients, then resume from the last checkpoint.");
+}
+
 EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
   std::ostream& log = log_stream(options_, *strategy_);
   runner_->train();
@@ -88,6 +100,7 @@ EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
       double value = loss.item();
       for (auto& cb : callbacks_) cb->on_batch_end(*this, step - 1, value);
       if (show) progress.update(step, value, images);
+      check_finite_loss(value, epoch, "step " + std::to_string(step) + " of " + std::to_string(steps));
     }
   }
   progress.finish();
@@ -95,6 +108,9 @@ EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
   Totals totals = strategy_->reduce({.loss = step > 0 ? loss_sum.item() : 0.0,
                                      .samples = static_cast<double>(images),
                                      .batches = static_cast<double>(step)});
+  // A non-finite step anywhere makes the sum non-finite: divergence is caught here at the
+  // latest, with no read-back per step, and before the epoch's checkpoint is written.
+  check_finite_loss(totals.loss, epoch, "the epoch's mean");
   EpochResult result;
   result.epoch = epoch;
   result.train_loss = totals.batches > 0 ? totals.loss / totals.batches : 0;
@@ -241,7 +257,14 @@ std::vector<GeneratorState> read_generator_states(const std::map<std::string, st
 void TrainLoop::save_checkpoint(const std::string& path) const {
   TraceSpan span("checkpoint", strategy_->input_device());
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, t] : model_->state_dict()) tensors.emplace_back("model." + name, t);
+  for (auto& [name, t] : model_->state_dict()) {
+    // Non-finite weights never replace a checkpoint (a diverged run would destroy the last
+    // good one).
+    WEFT_CHECK(!is_floating(t.dtype()) || t.numel() == 0 || std::isfinite(amax(abs(t)).item()),
+               "save_checkpoint: the model's '", name, "' holds NaN or infinite values; '", path,
+               "' is left as it was");
+    tensors.emplace_back("model." + name, t);
+  }
   optim::OptimizerState state = optimizer_->state_dict();
   for (auto& [name, t] : state.tensors) tensors.emplace_back("optimizer." + name, t);
   std::map<std::string, std::string> meta{{"format", kFormat}, {"epoch", std::to_string(epoch_)}};

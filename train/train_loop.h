@@ -72,11 +72,14 @@ class TrainLoop {
             std::shared_ptr<optim::Optimizer> optimizer, Criterion criterion, TrainLoopOptions options = {});
 
   // Trains until `epochs` epochs are complete in total: after resume() from epoch 1,
-  // fit(3) trains epochs 2 and 3.
+  // fit(3) trains epochs 2 and 3. A NaN or infinite loss stops it with "training diverged"
+  // (seen when a step's loss is read for the progress display or a callback, else in the
+  // epoch's sum at its end: no extra read-back per step), before that epoch's checkpoint.
   std::vector<EpochResult> fit(int epochs);
   Evaluation evaluate(data::DataLoader& loader);
   void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
 
+  // Refuses (throws, leaving `path` as it was) when a weight is NaN or infinite.
   void save_checkpoint(const std::string& path) const;
   void resume(const std::string& path);
 
@@ -88,6 +91,8 @@ class TrainLoop {
 
  private:
   EpochResult train_epoch(int epoch, int epochs);
+  // Throws "training diverged: ..." when `loss` is NaN or infinite (`where`: which loss).
+  void check_finite_loss(double loss, int epoch, const std::string& where) const;
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<Strategy> strategy_;
