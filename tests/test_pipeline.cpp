@@ -284,9 +284,20 @@ TEST_CASE("pipeline: bad input and a failing stage give errors naming what is wr
   CHECK_THROWS_WITH(Pipeline(test::make_mlp(1), {.devices = test::cpu_devices(8)}),
                     Contains("8 stages need at least as many layers; the Sequential has 7"));
   Pipeline pipe(test::make_mlp(1), {.devices = test::cpu_devices(2), .micro_batches = 4, .schedule = "1f1b"});
+  // An epoch's short last batch (3 samples, 4 micro-batches) runs as 3 micro-batches, and
+  // gives the whole batch's loss; a schedule of one's own has no such fallback.
   Tensor y = tensor(std::vector<int64_t>{1, 2, 3});
-  CHECK_THROWS_WITH(pipe.step(test::random({3, 8}), y, cross_entropy_loss),
-                    Contains("a batch of 3 cannot be split into 4 micro-batches"));
+  Tensor x3 = test::random({3, 8});
+  auto reference = test::make_mlp(1);
+  CHECK_CLOSE(pipe.step(x3, y, cross_entropy_loss).loss.to(kCPU), cross_entropy(reference->forward(x3), y).detach(),
+              1e-12, 1e-12);
+  Pipeline own(test::make_mlp(1), {.devices = test::cpu_devices(2), .micro_batches = 4});
+  own.set_schedule(one_f_one_b(2, 4));
+  CHECK_THROWS_WITH(own.step(x3, y, cross_entropy_loss), Contains("a batch of 3 cannot be split into 4 micro-batches"));
+  {
+    NoGradGuard no_grad;
+    CHECK_THROWS_WITH(pipe.step(x3, y, cross_entropy_loss), Contains("under NoGradGuard use forward()"));
+  }
   // Inputs of the wrong width fail in stage 0; stage 1, waiting for them, stops too.
   Tensor y8 = randint(0, 10, {8}, DType::Int64);
   CHECK_THROWS_WITH(pipe.step(test::random({8, 5}), y8, cross_entropy_loss),

@@ -81,6 +81,16 @@ void Pipeline::set_schedule(Schedule schedule) {
   schedule_ = std::move(schedule);
 }
 
+const Schedule& Pipeline::short_schedule(int micro_batches) {
+  auto it = short_schedules_.find(micro_batches);
+  if (it == short_schedules_.end())
+    it = short_schedules_
+             .emplace(micro_batches, make_schedule(options_.schedule, static_cast<int>(options_.devices.size()),
+                                                   micro_batches, options_.virtual_stages))
+             .first;
+  return it->second;
+}
+
 std::shared_ptr<nn::Module> Pipeline::shallow_copy() const {
   WEFT_FAIL("Pipeline: cannot be cloned or replicated (clone its Sequential and build a new Pipeline)");
 }
@@ -104,9 +114,15 @@ Tensor Pipeline::forward(const Tensor& input) {
 }
 
 StepResult Pipeline::step(const Tensor& input, const Tensor& target, const Criterion& criterion) {
-  const int m = schedule_.num_micro_batches, S = num_stages(), R = schedule_.num_ranks();
+  WEFT_CHECK(GradMode::is_enabled(), "Pipeline::step trains (forward and backward); under NoGradGuard use forward()");
   WEFT_CHECK(input.dim() >= 1 && target.dim() >= 1 && input.size(0) == target.size(0), "Pipeline::step: input ",
              input.shape(), " and target ", target.shape(), " must have the same batch size (dim 0)");
+  // A batch smaller than the micro-batches (an epoch's short last batch) runs as one
+  // micro-batch per sample, with the built-in schedule of that size.
+  const Schedule& schedule = input.size(0) < schedule_.num_micro_batches && schedule_.name == options_.schedule
+                                 ? short_schedule(static_cast<int>(input.size(0)))
+                                 : schedule_;
+  const int m = schedule.num_micro_batches, S = num_stages(), R = schedule.num_ranks();
   StageStep data;
   data.batch = input.size(0);
   data.sizes = micro_batch_sizes(data.batch, m);
@@ -124,28 +140,40 @@ StepResult Pipeline::step(const Tensor& input, const Tensor& target, const Crite
   std::vector<std::function<void()>> tasks;
   for (int r = 0; r < R; ++r)
     tasks.push_back([&, r] {
-      try {
-        run_stage_actions(
-            schedule_, r, [this](int s) -> nn::Module& { return *stages_[s]; },
-            [this](int s) { return stage_device(s); }, mailbox, per_rank[r]);
-      } catch (const std::exception& e) {
+      auto stop_the_others = [&](const std::string& why) {
         int none = -1;
         first_failed.compare_exchange_strong(none, r);
-        mailbox.fail("rank " + std::to_string(r) + " (" + options_.devices[r].str() + ") failed: " + e.what());
+        mailbox.fail("rank " + std::to_string(r) + " (" + options_.devices[r].str() + ") failed: " + why);
+      };
+      try {
+        run_stage_actions(
+            schedule, r, [this](int s) -> nn::Module& { return *stages_[s]; },
+            [this](int s) { return stage_device(s); }, mailbox, per_rank[r]);
+      } catch (const std::exception& e) {
+        stop_the_others(e.what());
+        throw;
+      } catch (...) {
+        stop_the_others("an exception that is not a std::exception");
         throw;
       }
     });
   const std::vector<std::exception_ptr> errors = fork_join(tasks);
-  if (const int r = first_failed.load(); r >= 0) {
+  int failed = first_failed.load();
+  for (int r = 0; r < R && failed < 0; ++r)
+    if (errors[r]) failed = r;
+  if (failed >= 0) {
     try {
-      std::rethrow_exception(errors[r]);
+      std::rethrow_exception(errors[failed]);
     } catch (const std::exception& e) {
-      WEFT_FAIL("Pipeline::step (schedule ", schedule_.name, ") on rank ", r, " (", options_.devices[r], "): ",
-                e.what());
+      WEFT_FAIL("Pipeline::step (schedule ", schedule.name, ") on rank ", failed, " (", options_.devices[failed],
+                "): ", e.what());
+    } catch (...) {
+      WEFT_FAIL("Pipeline::step (schedule ", schedule.name, ") on rank ", failed, " (", options_.devices[failed],
+                "): an exception that is not a std::exception");
     }
   }
 
-  const StageStep& last = per_rank[schedule_.rank_of(S - 1)];
+  const StageStep& last = per_rank[schedule.rank_of(S - 1)];
   NoGradGuard no_grad;
   Tensor loss = last.losses[0];
   for (int i = 1; i < m; ++i) loss = add(loss, last.losses[i]);

@@ -17,14 +17,19 @@
 // go from a pipeline to one device and back.
 //
 // step(input, target, criterion): the batch is split along dim 0 into micro_batches parts
-// (torch.tensor_split: sizes differ by at most one), the schedule runs with one host thread
+// (torch.tensor_split: sizes differ by at most one; a batch smaller than that, such as an
+// epoch's short last batch, runs one sample per micro-batch under the same built-in schedule
+// for that many), the schedule runs with one host thread
 // per device (fork_join: on CUDA each stage's kernels go to its device's stream, ordered
 // with the next stage's by events; CPU logical devices compute at once), and the gradients
 // accumulate in the parameters. Each stage's forward input is its own leaf, its backward
-// runs from the gradient its next stage sent, so stages never share an autograd graph. The
-// criterion must return the mean over its micro-batch; each micro-batch's loss is weighted
-// by its share of the batch, so the gradients are those of the whole batch's mean loss, the
-// reported loss is that mean, whatever the schedule and the number of micro-batches.
+// runs from the gradient its next stage sent, so stages never share an autograd graph (the
+// input batch gets no gradient). The criterion must return the plain mean over its
+// micro-batch's samples; each micro-batch's loss is weighted by its share of the batch, so
+// the gradients are those of the whole batch's mean loss, and the reported loss is that
+// mean, whatever the schedule and the number of micro-batches. (A loss normalised otherwise,
+// such as cross-entropy with class weights or ignored targets, normalises per micro-batch,
+// not per batch, as in torch.distributed.pipelining.)
 // BatchNorm in training mode normalises each micro-batch with its own statistics (as in
 // every pipeline library), so only models without it (or with one micro-batch) train
 // exactly as on one device.
@@ -39,6 +44,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -100,8 +106,12 @@ class Pipeline : public nn::Module {
  private:
   std::shared_ptr<nn::Sequential> model_;
   PipelineOptions options_;
+  // The built-in schedule for a batch smaller than the micro-batches, by its size.
+  const Schedule& short_schedule(int micro_batches);
+
   std::vector<std::shared_ptr<nn::Sequential>> stages_;
   Schedule schedule_;
+  std::map<int, Schedule> short_schedules_;
 };
 
 }  // namespace weft::parallel::pipeline
