@@ -1,6 +1,7 @@
 // One rank of the multi-process pipeline tests (tests/test_pipeline.cpp starts several):
 //
 //   pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES]   (RANK, WORLD_SIZE, MASTER_* set)
+//   pipeline_worker mismatch      (rank 1 asks for other micro-batches: every rank must fail)
 //
 // Every rank builds the whole model from the same seed and trains it alone on one device as
 // the reference, and its stages of it as a DistributedPipeline; both see the same batches
@@ -21,9 +22,22 @@ using namespace weft;
 using namespace weft::parallel;
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::cerr << "usage: pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES]\n";
+  if (argc < 2 || (std::string(argv[1]) != "mismatch" && argc < 3)) {
+    std::cerr << "usage: pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES] | pipeline_worker mismatch\n";
     return 2;
+  }
+  if (std::string(argv[1]) == "mismatch") {
+    try {
+      init_process_group(test::worker_backend());
+      pipeline::DistributedPipeline pipe(test::make_mlp(7), default_group_ptr(),
+                                         {.device = test::worker_device(), .micro_batches = get_rank() == 1 ? 3 : 4});
+      std::cout << "FAIL: rank " << get_rank() << " built a pipeline the other ranks disagree with" << std::endl;
+      return 1;
+    } catch (const std::exception& e) {
+      std::cout << "error: " << e.what() << std::endl;
+      destroy_process_group();
+      return 0;
+    }
   }
   const std::string schedule = argv[1];
   const int micro_batches = std::atoi(argv[2]), virtual_stages = argc > 3 ? std::atoi(argv[3]) : 1;

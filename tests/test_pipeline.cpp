@@ -341,6 +341,18 @@ TEST_CASE("distributed pipeline: one stage per process (Gloo), each schedule, eq
   }
 }
 
+TEST_CASE("distributed pipeline: ranks that disagree on the options fail at construction, naming the field") {
+  if (!parallel::gloo_available()) return;
+  const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "mismatch"}, 2, std::chrono::seconds(60));
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
+    const bool named = outcomes[r].output.find("DistributedPipeline: ranks disagree") != std::string::npos &&
+                       outcomes[r].output.find("micro_batches") != std::string::npos;
+    CHECK_MESSAGE(named, outcomes[r].output);
+  }
+}
+
 TEST_CASE("distributed pipeline: a schedule whose messages would arrive out of order is refused") {
   // Rank 0 sends micro-batch 1's activation before micro-batch 0's; rank 1 takes 0 first.
   Schedule swapped{"swapped", 2, 2, {}};

@@ -146,12 +146,39 @@ DistributedPipeline::DistributedPipeline(std::shared_ptr<nn::Sequential> model, 
   WEFT_CHECK(options_.virtual_stages >= 1, "DistributedPipeline: virtual_stages must be at least 1, got ",
              options_.virtual_stages);
   const int ranks = group_->size();
+  check_ranks_agree(model->size());
   stages_ = split_stages(*model, ranks * options_.virtual_stages, options_.balance);
   set_schedule(make_schedule(options_.schedule, ranks, options_.micro_batches, options_.virtual_stages));
   for (int s = 0; s < num_stages(); ++s) {
     if (!holds_stage(s)) continue;
     stages_[s]->to(options_.device);
     for (const auto& [name, layer] : stages_[s]->named_children()) register_module(name, layer);
+  }
+}
+
+void DistributedPipeline::check_ranks_agree(size_t layers) const {
+  // What every rank must share, as numbers: layers, micro-batches, stages per rank, the
+  // schedule (by its built-in index) and the balance (up to 8 stages' worth).
+  const char* names[] = {"gpipe", "1f1b", "interleaved"};
+  int64_t schedule = -1;
+  for (int i = 0; i < 3; ++i)
+    if (options_.schedule == names[i]) schedule = i;
+  std::vector<int64_t> mine{static_cast<int64_t>(layers), options_.micro_batches, options_.virtual_stages, schedule,
+                            static_cast<int64_t>(options_.balance.size())};
+  for (size_t k = 0; k < 8; ++k)
+    mine.push_back(k < options_.balance.size() ? static_cast<int64_t>(options_.balance[k]) : -1);
+  const TensorOptions on_device(DType::Int64, options_.device);
+  Tensor local = tensor(mine, Shape{static_cast<int64_t>(mine.size())}).to(options_.device);
+  std::vector<Tensor> all;
+  for (int r = 0; r < group_->size(); ++r) all.push_back(zeros({static_cast<int64_t>(mine.size())}, on_device));
+  group_->all_gather(all, local)->wait();
+  static const char* fields[] = {"layers", "micro_batches", "virtual_stages", "schedule", "balance entries"};
+  for (int r = 0; r < group_->size(); ++r) {
+    const std::vector<int64_t> theirs = all[r].to(kCPU).to_vector<int64_t>();
+    for (size_t i = 0; i < mine.size(); ++i)
+      WEFT_CHECK(theirs[i] == mine[i], "DistributedPipeline: ranks disagree: rank ", group_->rank(), " has ",
+                 i < 5 ? fields[i] : "balance[" + std::to_string(i - 5) + "]", " = ", mine[i], ", rank ", r, " has ",
+                 theirs[i], " (every rank must build the same model and pipeline options)");
   }
 }
 

@@ -10,7 +10,9 @@
 //   auto result = pipe.step(images, labels, criterion);  // images used on the first stage's rank,
 //   sgd.step();                                          // labels on the last stage's
 //
-// Stage s lives on rank s % R of the group's R ranks (one stage per rank, or virtual_stages
+// Every rank must build the same model with the same options (checked at construction: an
+// error names the first field and the ranks that differ). Stage s lives on rank s % R of the
+// group's R ranks (one stage per rank, or virtual_stages
 // per rank with the interleaved schedule), split from the Sequential as Pipeline splits it
 // (balance, or even by layer count). Each rank keeps its stages' layers, moved to its device,
 // as its children under the Sequential's names (its state_dict holds its own layers), and
@@ -68,6 +70,10 @@ class DistributedPipeline : public nn::Module {
   std::shared_ptr<nn::Module> shallow_copy() const override;
 
  private:
+  // All-gathers the model's layer count and the options; a rank that differs is an error
+  // naming the field and both ranks (on every rank), instead of a wait for messages that never come.
+  void check_ranks_agree(size_t layers) const;
+
   std::shared_ptr<ProcessGroup> group_;
   DistributedPipelineOptions options_;
   std::vector<std::shared_ptr<nn::Sequential>> stages_;  // every stage; only this rank's are used
