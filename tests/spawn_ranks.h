@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <doctest/doctest.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -143,6 +145,15 @@ inline std::vector<RankOutcome> run_ranks(const std::vector<std::string>& argv, 
     envs.push_back(env);
   }
   return run_processes(argv, envs, deadline);
+}
+
+// Every rank exited 0; a failure shows the rank's status and output.
+inline void check_all_ok(const std::vector<RankOutcome>& outcomes) {
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(outcomes[r].exit_status == 0, "rank ", r, " exited ", outcomes[r].exit_status, ":\n",
+                  outcomes[r].output);
+  }
 }
 
 }  // namespace weft::test

@@ -34,14 +34,6 @@ std::vector<std::map<std::string, std::string>> nccl_rank_envs(int world,
   return envs;
 }
 
-void check_all_ok(const std::vector<test::RankOutcome>& outcomes) {
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    CAPTURE(r);
-    CHECK_MESSAGE(outcomes[r].exit_status == 0, "rank ", r, " exited ", outcomes[r].exit_status, ":\n",
-                  outcomes[r].output);
-  }
-}
-
 bool skip_without_nccl() {
   if (parallel::nccl_available()) return false;
   MESSAGE("skipped: weft was built without NCCL");
@@ -54,14 +46,14 @@ TEST_CASE("nccl: every collective, reduce op and dtype on CUDA tensors, at world
   if (skip_without_nccl()) return;
   for (int world : {1, 2, 4}) {
     CAPTURE(world);
-    check_all_ok(test::run_processes({WEFT_PROCESS_GROUP_WORKER, "collectives"}, nccl_rank_envs(world),
+    test::check_all_ok(test::run_processes({WEFT_PROCESS_GROUP_WORKER, "collectives"}, nccl_rank_envs(world),
                                      std::chrono::seconds(240)));
   }
 }
 
 TEST_CASE("nccl: the ring all-reduce over NCCL's sends and receives equals NCCL's all-reduce") {
   if (skip_without_nccl()) return;
-  check_all_ok(test::run_processes({WEFT_PROCESS_GROUP_WORKER, "ring"}, nccl_rank_envs(3), std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_PROCESS_GROUP_WORKER, "ring"}, nccl_rank_envs(3), std::chrono::seconds(240)));
 }
 
 TEST_CASE("nccl: a dead peer ends the other rank with a message, or makes its group throw") {
@@ -75,22 +67,22 @@ TEST_CASE("nccl: a dead peer ends the other rank with a message, or makes its gr
   // WEFT_NCCL_ASYNC_ERROR_HANDLING=0: the process goes on and the group throws.
   outcomes = test::run_processes({WEFT_PROCESS_GROUP_WORKER, "dead_peer"},
                                  nccl_rank_envs(2, {{"WEFT_NCCL_ASYNC_ERROR_HANDLING", "0"}}), std::chrono::seconds(120));
-  check_all_ok(outcomes);
+  test::check_all_ok(outcomes);
   CHECK_MESSAGE(outcomes[0].output.find("the group failed earlier") != std::string::npos, outcomes[0].output);
 }
 
 TEST_CASE("nccl: DDP on CUDA ranks equals one process on the whole batch") {
   if (skip_without_nccl()) return;
-  check_all_ok(test::run_processes({WEFT_DDP_WORKER, "equivalence", "mlp", "sgd"}, nccl_rank_envs(2),
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "equivalence", "mlp", "sgd"}, nccl_rank_envs(2),
                                    std::chrono::seconds(240)));
-  check_all_ok(test::run_processes({WEFT_DDP_WORKER, "equivalence", "convnet", "adam", "views"}, nccl_rank_envs(2),
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "equivalence", "convnet", "adam", "views"}, nccl_rank_envs(2),
                                    std::chrono::seconds(240)));
-  check_all_ok(test::run_processes({WEFT_DDP_WORKER, "partial_use"}, nccl_rank_envs(2), std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "partial_use"}, nccl_rank_envs(2), std::chrono::seconds(240)));
 }
 
 TEST_CASE("nccl: a pipeline with a stage per CUDA rank equals one device") {
   if (skip_without_nccl()) return;
-  check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "1f1b", "4"}, nccl_rank_envs(2), std::chrono::seconds(240)));
-  check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "interleaved", "4", "2"}, nccl_rank_envs(2),
+  test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "1f1b", "4"}, nccl_rank_envs(2), std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "interleaved", "4", "2"}, nccl_rank_envs(2),
                                    std::chrono::seconds(240)));
 }

@@ -24,14 +24,6 @@ namespace {
 
 const std::string worker = WEFT_DDP_WORKER;
 
-void check_all_ok(const std::vector<test::RankOutcome>& outcomes) {
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    CAPTURE(r);
-    CHECK_MESSAGE(outcomes[r].exit_status == 0, "rank ", r, " exited ", outcomes[r].exit_status, ":\n",
-                  outcomes[r].output);
-  }
-}
-
 bool skip_without_gloo() {
   if (parallel::gloo_available()) return false;
   MESSAGE("skipped: weft was built without Gloo");
@@ -54,24 +46,24 @@ TEST_CASE("DDP over 2 and 3 ranks equals one process on the whole batch: MLP, Co
   if (skip_without_gloo()) return;
   for (int world : {2, 3}) {
     CAPTURE(world);
-    check_all_ok(test::run_ranks({worker, "equivalence", "mlp", "sgd"}, world, std::chrono::seconds(120)));
-    check_all_ok(test::run_ranks({worker, "equivalence", "mlp", "adam"}, world, std::chrono::seconds(120)));
+    test::check_all_ok(test::run_ranks({worker, "equivalence", "mlp", "sgd"}, world, std::chrono::seconds(120)));
+    test::check_all_ok(test::run_ranks({worker, "equivalence", "mlp", "adam"}, world, std::chrono::seconds(120)));
   }
-  check_all_ok(test::run_ranks({worker, "equivalence", "mlp", "sgd", "views"}, 2, std::chrono::seconds(120)));
-  check_all_ok(test::run_ranks({worker, "equivalence", "convnet", "sgd"}, 2, std::chrono::seconds(180)));
-  check_all_ok(test::run_ranks({worker, "equivalence", "resnet", "adam"}, 3, std::chrono::seconds(180)));
+  test::check_all_ok(test::run_ranks({worker, "equivalence", "mlp", "sgd", "views"}, 2, std::chrono::seconds(120)));
+  test::check_all_ok(test::run_ranks({worker, "equivalence", "convnet", "sgd"}, 2, std::chrono::seconds(180)));
+  test::check_all_ok(test::run_ranks({worker, "equivalence", "resnet", "adam"}, 3, std::chrono::seconds(180)));
 }
 
 TEST_CASE("DDP: no_sync accumulates locally; the next synchronised backward reduces the sum") {
   if (skip_without_gloo()) return;
-  check_all_ok(test::run_ranks({worker, "no_sync"}, 3, std::chrono::seconds(120)));
+  test::check_all_ok(test::run_ranks({worker, "no_sync"}, 3, std::chrono::seconds(120)));
 }
 
 TEST_CASE("DDP: unused parameters work with find_unused_parameters and are named without it") {
   if (skip_without_gloo()) return;
-  check_all_ok(test::run_ranks({worker, "unused", "find"}, 2, std::chrono::seconds(60)));
+  test::check_all_ok(test::run_ranks({worker, "unused", "find"}, 2, std::chrono::seconds(60)));
   auto outcomes = test::run_ranks({worker, "unused", "strict"}, 2, std::chrono::seconds(60));
-  check_all_ok(outcomes);
+  test::check_all_ok(outcomes);
   for (const auto& o : outcomes) {
     CHECK_MESSAGE(o.output.find("parameter(s) 'unused.weight', 'unused.bias' received no gradient") != std::string::npos,
                   o.output);
@@ -81,14 +73,14 @@ TEST_CASE("DDP: unused parameters work with find_unused_parameters and are named
 
 TEST_CASE("DDP: find_unused_parameters with parameters used on some ranks, under no_sync only, or on none") {
   if (skip_without_gloo()) return;
-  check_all_ok(test::run_ranks({worker, "partial_use"}, 2, std::chrono::seconds(60)));
-  check_all_ok(test::run_ranks({worker, "partial_use"}, 3, std::chrono::seconds(60)));
+  test::check_all_ok(test::run_ranks({worker, "partial_use"}, 2, std::chrono::seconds(60)));
+  test::check_all_ok(test::run_ranks({worker, "partial_use"}, 3, std::chrono::seconds(60)));
 }
 
 TEST_CASE("DDP: different models on different ranks fail on every rank, naming the parameter and the ranks") {
   if (skip_without_gloo()) return;
   auto outcomes = test::run_ranks({worker, "mismatch"}, 3, std::chrono::seconds(60));
-  check_all_ok(outcomes);
+  test::check_all_ok(outcomes);
   for (const auto& o : outcomes)
     CHECK_MESSAGE(o.output.find("the ranks' models differ: on rank 0, parameter 'layers.0.weight' is float32 [6, 8]; on "
                                 "rank 1, parameter 'layers.0.weight' is float32 [6, 9]") != std::string::npos,
@@ -97,7 +89,7 @@ TEST_CASE("DDP: different models on different ranks fail on every rank, naming t
 
 TEST_CASE("DDP: every replica starts from rank 0's weights") {
   if (skip_without_gloo()) return;
-  check_all_ok(test::run_ranks({worker, "broadcast"}, 3, std::chrono::seconds(60)));
+  test::check_all_ok(test::run_ranks({worker, "broadcast"}, 3, std::chrono::seconds(60)));
 }
 
 TEST_CASE("assign_buckets: readiness order, one dtype and device per bucket, a small first bucket") {

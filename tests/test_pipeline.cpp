@@ -333,11 +333,9 @@ TEST_CASE("distributed pipeline: one stage per process (Gloo), each schedule, eq
     CAPTURE(run.args[0]);
     CAPTURE(run.args[1]);
     const auto outcomes = test::run_ranks(argv, run.ranks, std::chrono::seconds(120));
-    for (size_t r = 0; r < outcomes.size(); ++r) {
-      CAPTURE(r);
-      CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
-      CHECK_MESSAGE(outcomes[r].output.find("parameters of stages checked") != std::string::npos, outcomes[r].output);
-    }
+    test::check_all_ok(outcomes);
+    for (const auto& outcome : outcomes)
+      CHECK_MESSAGE(outcome.output.find("parameters of stages checked") != std::string::npos, outcome.output);
   }
 }
 

@@ -18,14 +18,6 @@ namespace {
 
 const std::string worker = WEFT_PROCESS_GROUP_WORKER;
 
-void check_all_ok(const std::vector<test::RankOutcome>& outcomes) {
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    CAPTURE(r);
-    CHECK_MESSAGE(outcomes[r].exit_status == 0, "rank ", r, " exited ", outcomes[r].exit_status, ":\n",
-                  outcomes[r].output);
-  }
-}
-
 bool skip_without_gloo() {
   if (parallel::gloo_available()) return false;
   MESSAGE("skipped: weft was built without Gloo");
@@ -38,7 +30,7 @@ TEST_CASE("every collective, reduce op and dtype, at world sizes 1 to 4, with su
   if (skip_without_gloo()) return;
   for (int world : {1, 2, 3, 4}) {
     CAPTURE(world);
-    check_all_ok(test::run_ranks({worker, "collectives"}, world, std::chrono::seconds(90)));
+    test::check_all_ok(test::run_ranks({worker, "collectives"}, world, std::chrono::seconds(90)));
   }
 }
 
@@ -46,9 +38,9 @@ TEST_CASE("the ring all-reduce equals Gloo's at world sizes 2, 3 and 4; WEFT_ALL
   if (skip_without_gloo()) return;
   for (int world : {2, 3, 4}) {
     CAPTURE(world);
-    check_all_ok(test::run_ranks({worker, "ring"}, world, std::chrono::seconds(120)));
+    test::check_all_ok(test::run_ranks({worker, "ring"}, world, std::chrono::seconds(120)));
   }
-  check_all_ok(test::run_ranks({worker, "collectives"}, 3, std::chrono::seconds(120), {{"WEFT_ALL_REDUCE", "ring"}}));
+  test::check_all_ok(test::run_ranks({worker, "collectives"}, 3, std::chrono::seconds(120), {{"WEFT_ALL_REDUCE", "ring"}}));
 }
 
 TEST_CASE("env:// reads torchrun's, Slurm's and Open MPI's variables") {
@@ -65,7 +57,7 @@ TEST_CASE("env:// reads torchrun's, Slurm's and Open MPI's variables") {
   for (const auto& [name, envs] : {std::pair{"Slurm", slurm}, std::pair{"Open MPI", ompi}}) {
     CAPTURE(name);
     auto outcomes = test::run_processes({worker, "identity"}, envs, std::chrono::seconds(60));
-    check_all_ok(outcomes);
+    test::check_all_ok(outcomes);
     for (int r = 0; r < 2; ++r)
       CHECK(outcomes[r].output.find("identity: rank " + std::to_string(r) + " size 2 sum 2") != std::string::npos);
     CHECK(outcomes[0].output.find(std::string("rank and size from ") + name) != std::string::npos);
@@ -98,18 +90,18 @@ TEST_CASE("a rank that never arrives is named; a peer that dies fails the others
   std::vector<std::map<std::string, std::string>> two_of_three;
   for (int r = 0; r < 2; ++r) two_of_three.push_back(test::torchrun_env(r, 3, port));
   auto missing = test::run_processes({worker, "missing"}, two_of_three, std::chrono::seconds(30));
-  check_all_ok(missing);
+  test::check_all_ok(missing);
   for (const auto& o : missing) CHECK(o.output.find("rank 2 has not arrived") != std::string::npos);
 
   auto dead = test::run_ranks({worker, "dead_peer"}, 2, std::chrono::seconds(30));
-  check_all_ok(dead);
+  test::check_all_ok(dead);
   CHECK(dead[0].output.find("error: ProcessGroupGloo all_reduce (rank 0 of 2)") != std::string::npos);
 }
 
 TEST_CASE("WEFT_DISTRIBUTED_DEBUG=1: mismatched collectives fail on every rank, naming both calls") {
   if (skip_without_gloo()) return;
   auto outcomes = test::run_ranks({worker, "mismatch"}, 3, std::chrono::seconds(30), {{"WEFT_DISTRIBUTED_DEBUG", "1"}});
-  check_all_ok(outcomes);
+  test::check_all_ok(outcomes);
   for (const auto& o : outcomes)
     CHECK_MESSAGE(o.output.find("collective mismatch at call 0 of the group: rank 0 called all_reduce(float32 [4], "
                                 "sum) but rank ") != std::string::npos,

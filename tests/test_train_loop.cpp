@@ -14,6 +14,10 @@
 #include "nn/optim/adam.h"
 #include "nn/optim/sgd.h"
 #include "nn/safetensors.h"
+#include "nn/activation.h"
+#include "nn/linear.h"
+#include "nn/sequential.h"
+#include "train/pipeline_strategy.h"
 #include "train/train_loop.h"
 
 using namespace weft;
@@ -130,6 +134,39 @@ TEST_CASE("resuming from the epoch-1 checkpoint ends with the same weights") {
     std::filesystem::remove(straight);
     std::filesystem::remove(stopped);
   }
+}
+
+TEST_CASE("the pipeline mode trains like one device: same weights, same batches") {
+  // Two epochs of a 4-layer Sequential, once on cpu:0 and once split over cpu:0 / cpu:1 with
+  // 4 micro-batches under 1F1B (float32: micro-batches sum in another order, hence 1e-5).
+  std::vector<std::vector<Tensor>> trained;
+  for (bool pipeline : {false, true}) {
+    std::ostringstream log;
+    Generator gen(21);
+    auto model = std::make_shared<nn::Sequential>(
+        std::make_shared<nn::Linear>(8, 16, true, TensorOptions(), &gen), std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Linear>(16, 16, true, TensorOptions(), &gen),
+        std::make_shared<nn::Linear>(16, 4, true, TensorOptions(), &gen));
+    auto sgd = std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{0.05, 0.9});
+    data::DataLoaderOptions o;
+    o.batch_size = 30;  // 256 samples: a short last batch of 16
+    o.shuffle = true;
+    o.seed = 5;
+    train::TrainLoopOptions options;
+    options.log = &log;
+    if (pipeline)
+      options.strategy = std::make_shared<train::PipelineStrategy>(train::PipelineStrategyOptions{
+          .devices = test::cpu_devices(2), .micro_batches = 4, .schedule = "1f1b"});
+    nn::CrossEntropyLoss loss;
+    train::TrainLoop loop(model, std::make_shared<data::DataLoader>(blobs(256, 1), o), nullptr, nullptr, sgd,
+                          [loss](const Tensor& out, const Tensor& y) { return loss(out, y); }, options);
+    loop.fit(2);
+    std::vector<Tensor> params;
+    for (const Tensor& p : model->parameters()) params.push_back(p.detach().to(kCPU));
+    trained.push_back(params);
+  }
+  REQUIRE(trained[0].size() == trained[1].size());
+  for (size_t i = 0; i < trained[0].size(); ++i) CHECK_CLOSE(trained[1][i], trained[0][i], 1e-5, 1e-5);
 }
 
 TEST_CASE("a diverged run stops with a message and keeps the last good checkpoint") {

@@ -42,9 +42,4 @@ void Mailbox::fail(const std::string& why) {
   arrived_.notify_all();
 }
 
-bool Mailbox::failed() const {
-  std::lock_guard lock(mutex_);
-  return !failure_.empty();
-}
-
 }  // namespace weft::parallel::pipeline

@@ -35,8 +35,6 @@ class Mailbox final : public Transport {
   Tensor recv(const Action& recv, Device device) override;
   // Ends every wait, now and later, with an error that says `why`.
   void fail(const std::string& why);
-  // Whether fail() was called (a stage's own error is then reported, not this one's echo).
-  bool failed() const;
 
  private:
   using Key = std::pair<ActionKind, std::pair<int, int>>;  // the send's kind, stage, micro-batch
@@ -47,7 +45,7 @@ class Mailbox final : public Transport {
 
   std::function<Device(int)> stage_device_;
   std::chrono::milliseconds timeout_;
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::condition_variable arrived_;
   std::map<Key, Letter> letters_;
   std::string failure_;
