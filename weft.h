@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/autograd.h"
+#include "core/determinism.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"

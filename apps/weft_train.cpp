@@ -9,14 +9,21 @@
 // same for PyTorch.
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <cmath>
-#include <fstream>
+#include <cstdlib>
+#include <functional>
 #include <iostream>
+#include <limits>
+#include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <weft.h>
 
+#include "apps/flag_checks.h"
+#include "core/atomic_file.h"
 #include "data/dataloader.h"
 #include "data/dataset.h"
 #include "nn/loss.h"
@@ -25,6 +32,7 @@
 #include "nn/models/resnet.h"
 #include "nn/optim/adam.h"
 #include "nn/optim/sgd.h"
+#include "nn/safetensors.h"
 #include "parallel/data_parallel.h"
 #include "train/data_parallel_strategy.h"
 #include "train/distributed_strategy.h"
@@ -48,7 +56,87 @@ struct Config {
   std::optional<double> weight_decay;  // unset: the optimizer's own default (AdamW: 1e-2)
   uint64_t seed = 0;
   bool no_progress = false;
+  std::set<std::string> given;  // the flags on the command line, without their "--"
 };
+
+// Data-loader threads beyond this only contend for the cores (and thousands fail to start).
+constexpr int kMaxWorkers = 64;
+
+double weight_decay_of(const Config& c) {
+  if (c.weight_decay) return *c.weight_decay;
+  if (c.optimizer == "adam") return optim::AdamOptions{}.weight_decay;
+  if (c.optimizer == "adamw") return optim::AdamWOptions{}.weight_decay;
+  return optim::SGDOptions{}.weight_decay;
+}
+
+// The shortest text that reads back as the same double ("0.1", not "0.10000000000000001").
+std::string exact(double v) {
+  char buffer[40];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, v);
+  return std::string(buffer, end);
+}
+
+double parse_exact(const std::string& text) { return std::strtod(text.c_str(), nullptr); }
+
+// The flags that define a run, recorded in its checkpoints as "weft-train.<flag>". A resumed
+// run goes on with them: a flag left out takes the checkpoint's value, one given with another
+// value is refused (the run would no longer be the one resumed, nor its resume identical to
+// a run without the break). --lr is the exception: a new value replaces the checkpoint's, with
+// a note, since a lower learning rate is how a diverged or stalled run goes on.
+struct RunFlag {
+  const char* name;
+  std::function<std::string(const Config&)> get;
+  std::function<void(Config&, const std::string&)> set;
+};
+
+// In this order: weight decay's default depends on the optimizer, settled before it.
+const std::vector<RunFlag>& run_flags() {
+  static const std::vector<RunFlag> flags{
+      {"model", [](const Config& c) { return c.model; }, [](Config& c, const std::string& v) { c.model = v; }},
+      {"data", [](const Config& c) { return c.data; }, [](Config& c, const std::string& v) { c.data = v; }},
+      {"optimizer", [](const Config& c) { return c.optimizer; },
+       [](Config& c, const std::string& v) { c.optimizer = v; }},
+      {"seed", [](const Config& c) { return std::to_string(c.seed); },
+       [](Config& c, const std::string& v) { c.seed = std::stoull(v); }},
+      {"batch-size", [](const Config& c) { return std::to_string(c.batch_size); },
+       [](Config& c, const std::string& v) { c.batch_size = std::stoll(v); }},
+      {"momentum", [](const Config& c) { return exact(c.momentum); },
+       [](Config& c, const std::string& v) { c.momentum = parse_exact(v); }},
+      {"weight-decay", [](const Config& c) { return exact(weight_decay_of(c)); },
+       [](Config& c, const std::string& v) { c.weight_decay = parse_exact(v); }},
+  };
+  return flags;
+}
+
+std::map<std::string, std::string> run_record(const Config& c) {
+  std::map<std::string, std::string> record;
+  for (const RunFlag& f : run_flags()) record["weft-train." + std::string(f.name)] = f.get(c);
+  return record;
+}
+
+// Resuming: takes the checkpoint's run flags where the command line left them out, and
+// refuses one given with another value. A checkpoint without a record (written by a
+// TrainLoop of another program) is not checked.
+void continue_recorded_run(Config& c, bool main_process) {
+  const std::map<std::string, std::string> meta = load_safetensors_metadata(c.resume);
+  if (!meta.count("weft-train.model")) {
+    if (main_process)
+      std::cout << "weft-train: '" << c.resume << "' does not record weft-train's flags; they are not checked\n";
+    return;
+  }
+  for (const RunFlag& f : run_flags()) {
+    auto it = meta.find("weft-train." + std::string(f.name));
+    if (it == meta.end()) continue;
+    const std::string mine = f.get(c);
+    if (!c.given.count(f.name)) {
+      f.set(c, it->second);
+    } else {
+      WEFT_CHECK(mine == it->second, "--", f.name, " ", mine, " differs from the run being resumed ('", c.resume,
+                 "' has --", f.name, " ", it->second, "); leave --", f.name,
+                 " out to go on with the checkpoint's, or start a new run without --resume");
+    }
+  }
+}
 
 // Images with a class-dependent pattern plus noise: learnable, and needs no files.
 std::shared_ptr<data::Dataset> synthetic(int64_t n, uint64_t seed) {
@@ -71,18 +159,18 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, const std::vec
     optim::SGDOptions o;
     o.lr = c.lr;
     o.momentum = c.momentum;
-    o.weight_decay = c.weight_decay.value_or(0.0);
+    o.weight_decay = weight_decay_of(c);
     return std::make_shared<optim::SGD>(params, o);
   }
   if (c.optimizer == "adam") {
     optim::AdamOptions o;
     o.lr = c.lr;
-    o.weight_decay = c.weight_decay.value_or(o.weight_decay);
+    o.weight_decay = weight_decay_of(c);
     return std::make_shared<optim::Adam>(params, o);
   }
   optim::AdamWOptions o;
   o.lr = c.lr;
-  o.weight_decay = c.weight_decay.value_or(o.weight_decay);
+  o.weight_decay = weight_decay_of(c);
   return std::make_shared<optim::AdamW>(params, o);
 }
 
@@ -134,11 +222,12 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
   WEFT_FAIL("weft-train: no strategy for mode ", train::parallel_mode_name(mode));
 }
 
-// A number as JSON has it: NaN and infinities, which JSON cannot write, as null.
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";
+// A number as JSON has it: NaN and infinities, which JSON cannot write, as null; so is a
+// value this run does not have (no training: no loss, no speed).
+std::string json_number(std::optional<double> value) {
+  if (!value || !std::isfinite(*value)) return "null";
   std::ostringstream out;
-  out << value;
+  out << *value;
   return out.str();
 }
 
@@ -148,7 +237,37 @@ std::string device_list(const std::vector<Device>& devices) {
   return out;
 }
 
-int run(const Config& c) {
+struct Metrics {
+  std::optional<double> test_accuracy, final_loss, images_per_second;
+};
+
+Metrics metrics_of(const std::vector<train::EpochResult>& results) {
+  if (results.empty()) return {};
+  double images = 0, seconds = 0;
+  for (const auto& r : results) images += r.images_per_second * r.seconds, seconds += r.seconds;
+  const train::EpochResult& last = results.back();
+  return {last.test ? std::optional(last.test->accuracy) : std::nullopt, last.train_loss,
+          seconds > 0 ? std::optional(images / seconds) : std::nullopt};
+}
+
+void write_metrics(const Config& c, const Metrics& m, train::TrainLoop& loop, train::ParallelMode mode,
+                   const std::vector<Device>& devices) {
+  std::ostringstream out;
+  out << "{\n  \"test_accuracy\": " << json_number(m.test_accuracy) << ",\n  \"final_loss\": "
+      << json_number(m.final_loss) << ",\n  \"images_per_second\": " << json_number(m.images_per_second)
+      << ",\n  \"epochs\": " << loop.epoch() << ",\n  \"world_size\": " << loop.strategy().world_size()
+      << ",\n  \"mode\": \"" << train::parallel_mode_name(mode) << "\",\n  \"device\": \"" << device_list(devices)
+      << "\",\n  \"framework\": \"weft\",\n  \"threads\": " << num_threads() << "\n}\n";
+  AtomicFile file(c.metrics_json, "--metrics-json");
+  file.write(out.str());
+  file.commit();
+}
+
+int run(Config c) {
+  const bool main_process = !parallel::launched_as_rank() || parallel::read_launch_env().rank == 0;
+  if (!c.resume.empty()) continue_recorded_run(c, main_process);
+  // Every output path is checked before the work (the loop checks --checkpoint and --trace).
+  if (!c.metrics_json.empty() && main_process) check_writable(c.metrics_json, "--metrics-json");
   manual_seed(c.seed);
   const train::ParallelMode mode = train::parse_parallel_mode(c.mode);
   // Started as one rank of several (weft-run, torchrun, srun, mpirun): only ddp trains across
@@ -187,14 +306,21 @@ int run(const Config& c) {
   train::TrainLoopOptions options;
   options.strategy = make_strategy(c, mode, devices);
   options.checkpoint_path = c.checkpoint;
+  options.checkpoint_metadata = run_record(c);
   options.progress = !c.no_progress;
   options.trace_path = c.trace;
   train::TrainLoop loop(model, train_loader, nullptr, test_loader, optimizer,
                         [criterion](const Tensor& out, const Tensor& y) { return criterion(out, y); }, options);
-  const bool main_process = loop.strategy().is_main_process();
   if (!c.resume.empty()) {
     loop.resume(c.resume);
     if (main_process) std::cout << "resumed from " << c.resume << " after epoch " << loop.epoch() << "\n";
+    if (c.given.count("lr") && c.lr != optimizer->lr()) {
+      if (main_process)
+        std::cout << "weft-train: --lr " << c.lr << " replaces the checkpoint's learning rate " << optimizer->lr()
+                  << "\n";
+      optimizer->set_lr(c.lr);
+    }
+    c.lr = optimizer->lr();
   }
   const std::string where = mode == train::ParallelMode::DistributedDataParallel
                                 ? "ddp over " + std::to_string(loop.strategy().world_size()) + " ranks (" +
@@ -208,22 +334,20 @@ int run(const Config& c) {
     std::cout << "weft-train: " << c.model << " on " << c.data << " (" << train_set->size() << " train, "
             << test_set->size() << " test), " << where << ", " << c.optimizer << " lr " << c.lr << ", batch "
             << c.batch_size << ", " << num_threads() << " CPU threads\n";
-  std::vector<train::EpochResult> results = loop.fit(c.epochs);
-
-  if (!c.metrics_json.empty() && main_process) {
-    double images = 0, seconds = 0;
-    for (const auto& r : results) images += r.images_per_second * r.seconds, seconds += r.seconds;
-    const train::EpochResult* last = results.empty() ? nullptr : &results.back();
-    std::ofstream out(c.metrics_json);
-    out << "{\n  \"test_accuracy\": " << json_number(last && last->test ? last->test->accuracy : 0.0)
-        << ",\n  \"final_loss\": " << json_number(last ? last->train_loss : 0.0)
-        << ",\n  \"images_per_second\": " << json_number(seconds > 0 ? images / seconds : 0.0)
-        << ",\n  \"epochs\": " << loop.epoch()
-        << ",\n  \"world_size\": " << loop.strategy().world_size() << ",\n  \"mode\": \""
-        << train::parallel_mode_name(mode) << "\",\n  \"device\": \""
-        << device_list(devices) << "\",\n  \"framework\": \"weft\",\n  \"threads\": " << num_threads() << "\n}\n";
-    WEFT_CHECK(out.good(), "weft-train: cannot write metrics to '", c.metrics_json, "'");
+  Metrics metrics;
+  if (c.epochs <= loop.epoch()) {
+    // --epochs counts in total: a checkpoint that has them all has nothing left to train.
+    // Its own weights are evaluated, so the run still reports what the checkpoint is worth.
+    const train::Evaluation test = loop.evaluate_test().value();
+    if (main_process)
+      std::cout << "weft-train: nothing to train: '" << c.resume << "' has completed " << loop.epoch()
+                << " epochs and --epochs " << c.epochs << " counts them in total (give --epochs "
+                << loop.epoch() + 1 << " or more to train on); its test accuracy is " << test.accuracy << "\n";
+    metrics.test_accuracy = test.accuracy;
+  } else {
+    metrics = metrics_of(loop.fit(c.epochs));
   }
+  if (!c.metrics_json.empty() && main_process) write_metrics(c, metrics, loop, mode, devices);
   return 0;
 }
 
@@ -235,38 +359,40 @@ int main(int argc, char** argv) {
   app.add_option("--model", c.model, "convnet, mlp or resnet")->check(CLI::IsMember({"convnet", "mlp", "resnet"}));
   app.add_option("--data", c.data, "fashion-mnist or synthetic")->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
   app.add_option("--data-dir", c.data_dir, "where the Fashion-MNIST IDX files are");
-  app.add_option("--device", c.device, "cpu, cpu:N, cuda or cuda:N (default: cuda when available, else cpu)");
+  app.add_option("--device", c.device, "cpu, cpu:N, cuda or cuda:N (default: cuda when available, else cpu)")
+      ->check(flags::non_empty("a device such as cpu or cuda:0"));
   app.add_option("--mode", c.mode, "single, dp, ddp or pipeline");
   app.add_option("--nproc", c.nproc,
                  "--mode ddp started by hand: the ranks to start through weft-run (default: one per GPU, else 2)")
-      ->check(CLI::PositiveNumber);
+      ->check(flags::positive_integer());
   app.add_option("--nnodes", c.nnodes, "--mode ddp across machines: the number of nodes (run on each)")
-      ->check(CLI::PositiveNumber);
+      ->check(flags::positive_integer());
   app.add_option("--node-rank", c.node_rank, "--mode ddp across machines: this node's rank")
-      ->check(CLI::NonNegativeNumber);
+      ->check(flags::non_negative_integer());
   app.add_option("--master-addr", c.master_addr, "--mode ddp across machines: where rank 0 serves the rendezvous");
   app.add_option("--master-port", c.master_port, "--mode ddp: the rendezvous port (weft-run's default: 29500)")
-      ->check(CLI::Range(1, 65535));
+      ->check(flags::integer(1, 65535, "a port from 1 to 65535"));
   app.add_option("--devices", c.devices,
                  "--mode dp or pipeline: the devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (default: every GPU, else "
                  "cpu:0,cpu:1); pipeline: one stage per device");
   app.add_option("--microbatches", c.microbatches, "--mode pipeline: micro-batches per batch (4)")
-      ->check(CLI::PositiveNumber);
+      ->check(flags::positive_integer());
   app.add_option("--schedule", c.schedule, "--mode pipeline: gpipe, 1f1b (default) or interleaved")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
   app.add_option("--virtual-stages", c.virtual_stages,
                  "--mode pipeline --schedule interleaved: stages per device (default 2 with interleaved)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--epochs", c.epochs, "epochs to train (in total, when resuming)")->check(CLI::PositiveNumber);
+      ->check(flags::positive_integer());
+  app.add_option("--epochs", c.epochs, "epochs to train (in total, when resuming)")->check(flags::positive_integer());
   app.add_option("--batch-size", c.batch_size, "samples per batch (per rank in ddp, as PyTorch's per-process loader)")
-      ->check(CLI::PositiveNumber);
+      ->check(flags::integer<int64_t>(1, std::numeric_limits<int64_t>::max(), "a positive integer"));
   app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
-  app.add_option("--lr", c.lr, "learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--lr", c.lr, "learning rate (resuming: replaces the checkpoint's)")->check(flags::positive_number());
+  app.add_option("--momentum", c.momentum, "SGD momentum")->check(flags::number(0, 1, false, "a number from 0 to 1"));
   app.add_option("--weight-decay", c.weight_decay, "weight decay (default: 0 for sgd and adam, 1e-2 for adamw)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", c.seed, "seed of the weights, the shuffling and dropout");
-  app.add_option("--workers", c.workers, "data-loader worker threads")->check(CLI::NonNegativeNumber);
+      ->check(flags::non_negative_number());
+  app.add_option("--seed", c.seed, "seed of the weights, the shuffling and dropout")->check(flags::unsigned_64());
+  app.add_option("--workers", c.workers, "data-loader worker threads (at most " + std::to_string(kMaxWorkers) + ")")
+      ->check(flags::integer(0, kMaxWorkers, "an integer from 0 to " + std::to_string(kMaxWorkers)));
   app.add_option("--checkpoint", c.checkpoint, "save a checkpoint here after every epoch");
   app.add_option("--resume", c.resume, "resume from this checkpoint");
   app.add_option("--metrics-json", c.metrics_json, "write the final metrics here");
@@ -275,7 +401,12 @@ int main(int argc, char** argv) {
                  "spans for each step's phases");
   app.add_flag("--no-progress", c.no_progress, "no per-step progress, only a line per epoch");
   CLI11_PARSE(app, argc, argv);
+  for (const CLI::Option* option : app.get_options())
+    if (option->count() > 0) c.given.insert(option->get_single_name());
   try {
+    // A resumed run must give the bits of an uninterrupted one (core/determinism.h);
+    // WEFT_DETERMINISTIC=0 trades that for cuDNN's timed algorithm choice.
+    use_deterministic_algorithms(deterministic_setting(std::getenv("WEFT_DETERMINISTIC"), true));
     // --mode ddp started by hand: this program again, as the ranks of a job under weft-run.
     if (c.mode == "ddp" && !parallel::launched_as_rank()) {
       const int ranks = c.nproc > 0 ? c.nproc : cuda_physical_device_count() > 0 ? cuda_physical_device_count() : 2;

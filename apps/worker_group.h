@@ -115,7 +115,6 @@ class Group {
   RoundResult result_;
   bool stopping_ = false, killed_ = false;
   Clock::time_point kill_at_, give_up_at_;
-  int stop_requests_seen_ = 0;
 };
 
 }  // namespace weft::run

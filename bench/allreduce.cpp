@@ -265,7 +265,11 @@ int main(int argc, char** argv) {
       else if (a == "--iters") c.iters = std::stoi(next());
       else if (a == "--type") c.dtype = next() == "float64" ? DType::Float64 : DType::Float32;
       else if (a == "--json") c.json = next();
-      else {
+      else if (a == "--help" || a == "-h") {
+        std::cout << "usage: allreduce [--device cpu|cuda] [--ranks 2,4] [--min-bytes 8] [--max-bytes 256M] "
+                     "[--iters N] [--type float32|float64] [--json FILE]\n";
+        return 0;
+      } else {
         std::cerr << "allreduce: unknown argument " << a
                   << " (expected --device, --ranks, --min-bytes, --max-bytes, --iters, --type, --json)\n";
         return 2;

@@ -224,7 +224,11 @@ int main(int argc, char** argv) {
     else if (a == "--ranks") c.ranks = next();
     else if (a == "--json") c.json = next();
     else if (a == "--bucket-mb") c.bucket_mb = std::stod(next());
-    else {
+    else if (a == "--help" || a == "-h") {
+      std::cout << "usage: ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N] [--ranks 1,2,4] "
+                   "[--bucket-mb MB] [--json FILE]\n";
+      return 0;
+    } else {
       std::cerr << "ddp_overhead: unknown argument " << a
                 << " (expected --model, --batch, --steps, --ranks, --bucket-mb, --json)\n";
       return 2;

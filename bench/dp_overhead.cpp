@@ -123,7 +123,11 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--device-type") type = next();
     else if (a == "--json") json_path = next();
-    else {
+    else if (a == "--help" || a == "-h") {
+      std::cout << "usage: dp_overhead [--model convnet|resnet|all] [--batch N] [--steps N] [--device-type cpu|cuda] "
+                   "[--json FILE]\n";
+      return 0;
+    } else {
       std::cerr << "dp_overhead: unknown argument " << a
                 << " (expected --model, --batch, --steps, --device-type, --json)\n";
       return 2;

@@ -75,7 +75,10 @@ int64_t count_wrong(const Tensor& got, const Tensor& ref, double atol, double rt
 // "16384x1024": compact enough for the table's shape column.
 std::string shape_str(const Shape& shape) {
   std::string out;
-  for (int64_t d : shape) out += (out.empty() ? "" : "x") + std::to_string(d);
+  for (int64_t d : shape) {
+    if (!out.empty()) out += 'x';
+    out += std::to_string(d);  // not "x" + to_string(d): GCC 12 warns about its own inlined copy (-Wrestrict)
+  }
   return out;
 }
 

@@ -26,7 +26,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--no-reference")) reference = false;
-    else {
+    else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::cout << "usage: op_overhead [--json FILE] [--no-reference]\n";
+      return 0;
+    } else {
       std::cerr << "usage: op_overhead [--json FILE] [--no-reference]\n";
       return 2;
     }

@@ -104,7 +104,11 @@ int main(int argc, char** argv) {
     else if (a == "--width") width = std::stoll(next());
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--json") json_path = next();
-    else {
+    else if (a == "--help" || a == "-h") {
+      std::cout << "usage: pipeline [--device-type cpu|cuda] [--stages 2,4] [--micro-batches 1,2,4,8,16] "
+                   "[--micro-batch-size N] [--width N] [--steps N] [--json FILE]\n";
+      return 0;
+    } else {
       std::cerr << "pipeline: unknown argument " << a << " (expected --device-type, --stages, --micro-batches, "
                 << "--micro-batch-size, --width, --steps, --json)\n";
       return 2;

@@ -35,9 +35,10 @@ int main(int argc, char** argv) {
     else if (a == "--json") json_path = next();
     else if (a == "--data-dir") data_dir = next();
     else {
-      std::cerr << "usage: train_throughput [--model M] [--batch-size N] [--epochs N] [--device D] [--threads N] "
-                   "[--data-dir DIR] [--json FILE]\n";
-      return 2;
+      const bool help = a == "--help" || a == "-h";
+      (help ? std::cout : std::cerr) << "usage: train_throughput [--model M] [--batch-size N] [--epochs N] "
+                                        "[--device D] [--threads N] [--data-dir DIR] [--json FILE]\n";
+      return help ? 0 : 2;
     }
   }
   std::string self = argv[0];

@@ -56,9 +56,12 @@ if(WEFT_WITH_CUDA)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   weft_status("CUDA" "ON, nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
   weft_status("cuBLAS" "${CUDAToolkit_VERSION} (matrix products)")
-  # cuDNN ships beside the toolkit but has no CMake package: find its header and library.
-  find_path(WEFT_CUDNN_INCLUDE cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-  find_library(WEFT_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR})
+  # cuDNN ships beside the toolkit but has no CMake package: find its header and library there,
+  # or under CUDNN_ROOT (the nvidia-cudnn wheel that PyTorch brings has include/ and lib/, and
+  # only the versioned libcudnn.so.9).
+  find_path(WEFT_CUDNN_INCLUDE cudnn.h HINTS ${CUDNN_ROOT}/include $ENV{CUDNN_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(WEFT_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
+               HINTS ${CUDNN_ROOT}/lib $ENV{CUDNN_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR})
   if(NOT WEFT_CUDNN_INCLUDE OR NOT WEFT_CUDNN_LIBRARY)
     message(FATAL_ERROR "the CUDA backend needs cuDNN 9 (cudnn.h and libcudnn) beside the CUDA toolkit")
   endif()

@@ -26,7 +26,9 @@ struct Formatter {
       out << (v != 0 ? "true" : "false");
     } else if (!is_floating(dtype)) {
       out << static_cast<int64_t>(v);
-    } else if (std::isnan(v) || std::isinf(v)) {
+    } else if (std::isnan(v)) {
+      out << "nan";  // as PyTorch prints any NaN; 0.0 / 0.0 (an empty mean) is -nan on x86
+    } else if (std::isinf(v)) {
       out << v;
     } else if (scientific) {
       out << std::scientific << std::setprecision(4) << v;

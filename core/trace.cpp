@@ -12,17 +12,11 @@
 // handle) and the writer asks the device's backend which handle is its default stream.
 #include "core/trace.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace weft::trace {
@@ -177,21 +172,6 @@ struct Lane {
   int tid;
   std::string name;
 };
-
-std::string errno_text(int error) { return std::strerror(error); }
-
-std::string temporary_path(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
-
-// Creates the temporary file write() would create (caller closes and unlinks it).
-int create_temporary(const std::string& path, const std::string& tmp, const char* what) {
-  WEFT_CHECK(!path.empty(), what, ": the trace file path is empty");
-  std::error_code ec;
-  WEFT_CHECK(!std::filesystem::is_directory(path, ec), what, ": cannot write the trace to '", path,
-             "': it is a directory");
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  WEFT_CHECK(fd >= 0, what, ": cannot write the trace to '", path, "' (creating '", tmp, "'): ", errno_text(errno));
-  return fd;
-}
 
 }  // namespace
 
@@ -374,38 +354,11 @@ std::string json() {
   return out;
 }
 
-void check_writable(const std::string& path) {
-  const std::string tmp = temporary_path(path);
-  const int fd = create_temporary(path, tmp, "trace::check_writable");
-  ::close(fd);
-  ::unlink(tmp.c_str());
-}
-
 void write(const std::string& path) {
   stop();
-  const std::string text = json();
-  const std::string tmp = temporary_path(path);
-  int fd = create_temporary(path, tmp, "trace::write");
-  try {
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      WEFT_CHECK(n > 0, "trace::write: cannot write the trace to '", path, "' (writing '", tmp,
-                 "'): ", errno_text(errno));
-      done += static_cast<size_t>(n);
-    }
-    const int closed = ::close(fd);
-    fd = -1;
-    WEFT_CHECK(closed == 0, "trace::write: cannot write the trace to '", path, "' (closing '", tmp,
-               "'): ", errno_text(errno));
-    WEFT_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "trace::write: cannot write the trace to '", path,
-               "' (renaming '", tmp, "' over it): ", errno_text(errno));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
+  AtomicFile file(path, "trace::write");
+  file.write(json());
+  file.commit();
 }
 
 }  // namespace weft::trace

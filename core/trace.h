@@ -73,16 +73,13 @@ void start();
 // Stops the recording; what it holds stays until the next start(). Does nothing when
 // none is running.
 void stop();
-// Stops the recording and writes it to `path` as Chrome trace JSON, atomically: into a
-// temporary file in the same directory, renamed over `path` once complete. Throws
+// Stops the recording and writes it to `path` as Chrome trace JSON, atomically (an
+// AtomicFile: check_writable() there checks a --trace argument before the work). Throws
 // weft::Error naming the path when it cannot be written; the recording is kept, so
 // write() can be called again with another path.
 void write(const std::string& path);
 // The last recording as the JSON that write() would save (stop() it first).
 std::string json();
-// Throws the error write(path) would throw for an unwritable directory; lets a program
-// check a --trace argument before it starts the work. Leaves nothing behind.
-void check_writable(const std::string& path);
 
 // Names the lane of `stream` in traces ("communication", "stage 2 sends"); lanes of
 // streams without a name are called "default stream", "upload stream" or "stream <k>".

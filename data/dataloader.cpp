@@ -14,6 +14,7 @@
 #include <iostream>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "core/autograd.h"
@@ -82,7 +83,15 @@ class DataLoader::Pass {
 
   void start_workers() {
     workers_.reserve(options_.num_workers);
-    for (int64_t w = 0; w < options_.num_workers; ++w) workers_.emplace_back([this] { work(); });
+    for (int64_t w = 0; w < options_.num_workers; ++w) {
+      try {
+        workers_.emplace_back([this] { work(); });
+      } catch (const std::system_error& e) {
+        stop();  // the ones already started
+        WEFT_FAIL("DataLoader: cannot start worker thread ", w + 1, " of num_workers = ", options_.num_workers,
+                  ": ", e.what(), "; use fewer workers");
+      }
+    }
   }
 
   // Joins the workers; each first finishes the batch it is loading.

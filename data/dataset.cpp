@@ -92,6 +92,8 @@ std::string find_idx_file(const std::filesystem::path& root, const std::string& 
 
 std::pair<Tensor, Tensor> load_fashion_mnist(const std::string& root, bool train, bool normalize) {
   std::filesystem::path dir(root);
+  WEFT_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir), "FashionMNIST: '", root,
+             "' is not a directory (give the directory that holds train-images-idx3-ubyte.gz, ...)");
   WEFT_CHECK(std::filesystem::is_directory(dir), "FashionMNIST: the directory '", root, "' does not exist; ",
              kInstallHint, " (train-images-idx3-ubyte.gz, ...)");
   std::string prefix = train ? "train" : "t10k";

@@ -128,7 +128,7 @@ Tensor parse_idx(const std::string& bytes, const std::string& name) {
   auto* dst = static_cast<unsigned char*>(out.raw_data());
   const auto* src = reinterpret_cast<const unsigned char*>(bytes.data()) + header;
   if (width == 1) {
-    std::memcpy(dst, src, count);
+    if (count > 0) std::memcpy(dst, src, count);  // an empty tensor has no buffer: memcpy's null is UB
   } else {
     // Values are big-endian; the host is little-endian (x86-64, arm64).
     for (uint64_t i = 0; i < count; ++i)

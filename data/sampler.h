@@ -109,6 +109,7 @@ class DistributedSampler : public Sampler {
   int64_t total_size() const { return total_size_; }
   int64_t num_replicas() const { return num_replicas_; }
   int64_t rank() const { return rank_; }
+  bool drop_last() const { return drop_last_; }
 
  private:
   int64_t dataset_size_, num_replicas_, rank_;

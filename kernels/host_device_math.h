@@ -18,6 +18,8 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include "core/host_device.h"
 
@@ -55,6 +57,48 @@ WEFT_HOST_DEVICE inline T relu(T x) {
 template <class T>
 WEFT_HOST_DEVICE inline T relu_grad(T grad, T output) {
   return output <= T(0) ? T(0) : grad;
+}
+
+// Note [Integer division by zero]: C++ leaves x / 0 and INT_MIN / -1 undefined; x86
+// traps (SIGFPE, the process dies) and the GPU returns whatever its division routine
+// makes. weft defines both, the same on every device, as RISC-V does: x / 0 has every bit
+// set (-1 for a signed type, the maximum for an unsigned one), and INT_MIN / -1 wraps
+// around to INT_MIN. Otherwise the quotient is truncated toward zero, as in C++. (PyTorch
+// raises ZeroDivisionError on the CPU and gives undefined values on CUDA.)
+template <class T>
+WEFT_HOST_DEVICE inline T int_div(T x, T y) {
+  static_assert(std::is_integral_v<T>, "int_div takes integers");
+  if (y == T(0)) return static_cast<T>(~T(0));
+  if constexpr (std::is_signed_v<T>) {
+    // -x in unsigned arithmetic, which wraps: INT_MIN / -1 = INT_MIN.
+    using U = std::make_unsigned_t<T>;
+    if (y == T(-1)) return static_cast<T>(U(0) - static_cast<U>(x));
+  }
+  return static_cast<T>(x / y);
+}
+
+// Note [Converting between dtypes]: C++ leaves a float-to-integer conversion undefined
+// when the value is NaN or out of the target's range; x86 answers the "integer indefinite"
+// (INT_MIN) or a wrapped byte, the GPU's conversion instructions saturate. weft defines it
+// as the GPU does, on every device: truncation toward zero, saturated to the target's range,
+// and NaN converts to 0. To bool is "!= 0" (so NaN is true); integer to integer wraps (as
+// C++20 defines it, and as PyTorch's casts do).
+template <class To, class From>
+WEFT_HOST_DEVICE inline To convert(From v) {
+  if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    // The bounds as From: the maximum rounds up to a power of two (2^63 for int64 as a
+    // double), so everything below it converts exactly.
+    constexpr From lowest = static_cast<From>(std::numeric_limits<To>::lowest());
+    constexpr From max = static_cast<From>(std::numeric_limits<To>::max());
+    if (!(v == v)) return To(0);
+    if (v <= lowest) return std::numeric_limits<To>::lowest();
+    if (v >= max) return std::numeric_limits<To>::max();
+    return static_cast<To>(v);
+  } else {
+    return static_cast<To>(v);
+  }
 }
 
 }  // namespace weft::hd

@@ -2,8 +2,10 @@
 //
 // Every index tensor is scanned (index_range_stub) before an output is written, so a bad
 // index is reported with its value and position instead of reading or writing outside a
-// buffer. Kernels get the index contiguous; index_select and embedding also get their
-// values contiguous, which is free for the usual (contiguous) weight.
+// buffer: at once on the CPU, at the next synchronisation on CUDA, whose kernels skip it
+// (Note [Device-side errors], kernels/cuda/device_error_record.h). Kernels get the index
+// contiguous; index_select and embedding also get their values contiguous, which is free
+// for the usual (contiguous) weight.
 #include "kernels/index_ops.h"
 
 #include <limits>
@@ -46,12 +48,12 @@ std::string position_str(int64_t flat, const Shape& shape) {
 }
 
 // Scans a contiguous index for entries outside [0, bound); `what` says what the bound
-// is ("dimension 1 of size 4"). Returns what the scan found.
+// is ("dimension 1 of size 4"); `op` is a string literal. Returns what the scan found.
 IndexRange check_in_range(const Tensor& index, const Shape& index_shape, int64_t bound, const char* op,
                           const std::string& what) {
   if (index.numel() == 0) return {};
-  IndexRange range = index_range_stub(index.device(), index, bound);
-  WEFT_CHECK(range.first_bad < 0, op, ": index ", range.bad_value, " at position ",
+  IndexRange range = index_range_stub(index.device(), index, bound, op, false);
+  WEFT_CHECK(range.deferred || range.first_bad < 0, op, ": index ", range.bad_value, " at position ",
              position_str(range.first_bad, index_shape), " is out of range for ", what, " (expected 0 <= index < ",
              bound, ")");
   return range;
@@ -193,7 +195,7 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
   Tensor idx = index.detach().contiguous();
   if (num_classes == -1) {
     WEFT_CHECK(index.numel() > 0, "one_hot: cannot infer the number of classes from an empty index; pass num_classes");
-    IndexRange range = index_range_stub(idx.device(), idx, std::numeric_limits<int64_t>::max());
+    IndexRange range = index_range_stub(idx.device(), idx, std::numeric_limits<int64_t>::max(), "one_hot", true);
     WEFT_CHECK(range.first_bad < 0, "one_hot: index ", range.bad_value, " at position ",
                position_str(range.first_bad, index.shape()), " is negative; class values must be non-negative");
     num_classes = range.max + 1;

@@ -1,7 +1,11 @@
 // Kernel signatures of the indexing family, shared by the CPU and CUDA backends.
 //
-// Arguments arrive checked: every index is in range, index tensors are contiguous int64,
-// the value tensors share one dtype and all tensors live on one device. Kernels that
+// Arguments arrive checked: index tensors are contiguous int64, the value tensors share
+// one dtype and all tensors live on one device, and every index was scanned by
+// index_range_stub. On the CPU that scan has already thrown for an index out of range;
+// on CUDA it only recorded it (Note [Device-side errors], kernels/cuda/device_error_record.h),
+// so the CUDA kernels skip such an index (a selected or gathered element reads 0, an added
+// one is dropped) instead of dereferencing it. Kernels that
 // accumulate (index_add, scatter_add) must give each destination element its
 // contributions in index order, whatever the thread count, so that a training run is
 // reproducible bit for bit: the CPU backend partitions the work by destination.
@@ -16,14 +20,19 @@ namespace weft {
 
 // What a scan of an index tensor found: its min and max, and the flat position and value
 // of the first entry outside [0, bound) (first_bad = -1 when all are inside). index is
-// non-empty.
+// non-empty. `op` (a string literal) names the op in a deferred report. Unless the caller
+// needs the values on the host (need_values: one_hot infers its class count from max), a
+// backend may defer the check instead of waiting for it: CUDA records an entry out of
+// range on the device, to be raised at the next synchronisation, and returns deferred =
+// true with nothing else filled in. The CPU always answers at once.
 struct IndexRange {
   int64_t min = 0;
   int64_t max = 0;
   int64_t first_bad = -1;
   int64_t bad_value = 0;
+  bool deferred = false;
 };
-using IndexRangeFn = IndexRange(const Tensor& index, int64_t bound);
+using IndexRangeFn = IndexRange(const Tensor& index, int64_t bound, const char* op, bool need_values);
 
 // x contiguous, read as [outer, n, inner]; out contiguous [outer, k, inner], where k is
 // index.numel(): out[o, j, i] = x[o, index[j], i].

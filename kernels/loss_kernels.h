@@ -6,7 +6,10 @@
 // is an undefined tensor or a contiguous [C] tensor of the input's dtype. A target that is
 // neither in [0, C) nor ignore_index is not an error inside the kernel: the forward
 // kernels return the flat position of the first one (or -1), and the Tensor-level op
-// raises the error. Backward kernels run on targets that forward has checked.
+// raises the error. The CUDA kernels instead record it on the device and return -1; the
+// error is raised at the next synchronisation (Note [Device-side errors],
+// kernels/cuda/device_error_record.h), so that a loss costs no host synchronisation.
+// Backward kernels run on targets that forward has checked (or recorded).
 //
 // A `grad` argument holds one value per position, or one value (numel 1) for all of them
 // (a reduced loss: the Tensor-level op has already divided it by the Mean denominator).

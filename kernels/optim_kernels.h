@@ -63,16 +63,24 @@ using SgdStepFn = void(const TensorList& params, const TensorList& grads, const 
 using AdamStepFn = void(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                         const TensorList& exp_avg_sqs, const TensorList& max_exp_avg_sqs,
                         const std::vector<int64_t>& steps, const AdamHyper& hyper);
+// Gradient clipping keeps its numbers where the gradients are: the norm is written to a
+// tensor on their device and the scale kernel reads it there, so clip_grad_norm_ makes no
+// host synchronisation on a GPU (the host would otherwise wait for the whole backward
+// pass before queueing the optimizer step).
+//
 // Over every element x of every tensor: sum |x|^norm_type in float64, or max |x| when
-// norm_type is +inf (NaN propagates). Deterministic: the summation order does not depend
-// on the number of threads. norm_type > 0.
-using NormPowerSumFn = double(const TensorList& tensors, double norm_type);
-// Every element *= factor.
-using ScaleFn = void(const TensorList& tensors, double factor);
+// norm_type is +inf (NaN propagates), stored in out, a one-element float64 tensor on the
+// tensors' device. Deterministic: the summation order does not depend on the number of
+// threads. norm_type > 0.
+using NormPowerSumFn = void(const TensorList& tensors, double norm_type, const Tensor& out);
+// With coef = clip_coefficient(total_norm, max_norm) (kernels/optim_updates.h): every
+// element *= coef when coef < 1, else nothing changes. total_norm is a one-element
+// float64 tensor on the tensors' device, read by the kernel.
+using ClipScaleFn = void(const TensorList& tensors, const Tensor& total_norm, double max_norm);
 
 extern DispatchStub<SgdStepFn> sgd_step_stub;
 extern DispatchStub<AdamStepFn> adam_step_stub;
 extern DispatchStub<NormPowerSumFn> norm_power_sum_stub;
-extern DispatchStub<ScaleFn> multi_tensor_scale_stub;
+extern DispatchStub<ClipScaleFn> clip_scale_stub;
 
 }  // namespace weft

@@ -101,4 +101,11 @@ struct AdamRule {
   }
 };
 
+// clip_grad_norm_'s factor, PyTorch's formula: the gradients are multiplied by it clamped
+// to 1. A factor >= 1 changes nothing, so the kernels skip that multiply; a NaN norm gives a
+// NaN factor, which makes every gradient NaN, as in PyTorch (clamp keeps a NaN).
+WEFT_HOST_DEVICE inline double clip_coefficient(double total_norm, double max_norm) {
+  return max_norm / (total_norm + 1e-6);
+}
+
 }  // namespace weft

@@ -172,9 +172,9 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
   }
   WEFT_CHECK(problems.tellp() == 0, "load_state_dict for ", type_name_, ": ", problems.str());
   NoGradGuard no_grad;
-  for (const auto& [name, t] : own) {
-    auto src = std::find_if(state.begin(), state.end(), [&](const auto& e) { return e.first == name; });
-    if (src != state.end()) t.copy_(src->second);
+  for (const auto& entry : own) {  // not a structured binding: Clang 14 cannot capture one
+    auto src = std::find_if(state.begin(), state.end(), [&](const auto& e) { return e.first == entry.first; });
+    if (src != state.end()) entry.second.copy_(src->second);
   }
 }
 

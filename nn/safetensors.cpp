@@ -7,9 +7,8 @@
 // file's length, never from the header alone, so a lying header cannot make us allocate
 // or read more than the file holds.
 //
-// Saving streams one tensor at a time into "<path>.tmp.<pid>", fsyncs it and renames it
-// over `path` (rename is atomic within a directory): readers see the old file or the new
-// one, never a mix, and a failure removes the temporary.
+// Saving streams one tensor at a time through an AtomicFile (core/atomic_file.h): readers
+// see the old file or the new one, never a mix, and a failure removes the temporary.
 #include "nn/safetensors.h"
 
 #include <fcntl.h>
@@ -20,12 +19,13 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <set>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
+
+#include "core/atomic_file.h"
 
 namespace weft {
 
@@ -35,7 +35,7 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 namespace {
 
 // A std::map-backed object: ordered_json looks keys up linearly, quadratic in the number of
-// tensors. The file's order of names is recorded while parsing instead.
+// tensors. The header is parsed an entry at a time (parse_header), which keeps file order.
 using Json = nlohmann::json;
 
 // A header larger than this is corruption, not a checkpoint: real headers are a few
@@ -179,39 +179,39 @@ std::map<std::string, std::string> parse_metadata(const Source& src, const Json&
   return out;
 }
 
-// The first pass over the header: syntax, repeated keys and the file order of the names.
-// nlohmann's DOM keeps one value of a repeated key silently (a repeated tensor name would
-// hide a tensor), a std::map object forgets the order, and its parse callbacks rescan the
-// parent object at every entry's end (quadratic); a SAX pass has none of these problems.
+// The first pass over the header: syntax, repeated keys and the structure. nlohmann's DOM
+// keeps one value of a repeated key silently (a repeated tensor name would hide a tensor);
+// this pass names it. Its parse callbacks rescan the parent object at every entry's end,
+// quadratic unless, as parse_header does, every entry is dropped once checked.
 class HeaderScan : public nlohmann::json_sax<Json> {
  public:
-  std::vector<std::string> names;  // top-level keys in file order
   std::string duplicate;           // the first repeated key, described
   std::string error;               // the syntax error, if any
   size_t error_byte = 0;           // 1-based, as nlohmann counts
 
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
-  bool start_object(std::size_t) override {
-    open_objects_.emplace_back();
+  std::string out_of_format;       // a structure no safetensors header has, described
+
+  bool null() override { return count_value(); }
+  bool boolean(bool) override { return count_value(); }
+  bool number_integer(number_integer_t) override { return count_value(); }
+  bool number_unsigned(number_unsigned_t) override { return count_value(); }
+  bool number_float(number_float_t, const string_t&) override { return count_value(); }
+  bool string(string_t&) override { return count_value(); }
+  bool binary(binary_t&) override { return count_value(); }
+  bool start_array(std::size_t) override { return open_container(/*object=*/false); }
+  bool end_array() override {
+    containers_.pop_back();
     return true;
   }
+  bool start_object(std::size_t) override { return open_container(/*object=*/true); }
   bool end_object() override {
+    containers_.pop_back();
     open_objects_.pop_back();
     return true;
   }
   bool key(string_t& key) override {
-    if (open_objects_.size() == 1) {
-      names.push_back(key);
-      current_entry_ = key;
-    }
+    if (!count_value()) return false;
+    if (open_objects_.size() == 1) current_entry_ = key;
     if (!open_objects_.back().insert(key).second && duplicate.empty())
       duplicate = open_objects_.size() == 1 ? "the name '" + key + "' appears twice in the header"
                                             : "entry '" + current_entry_ + "' has the key '" + key + "' twice";
@@ -227,23 +227,83 @@ class HeaderScan : public nlohmann::json_sax<Json> {
   }
 
  private:
+  // A header is an object of entries, whose fields are strings or short flat arrays (shape,
+  // data_offsets). The scan stops at the first value nested deeper, or at a field holding more
+  // values than any shape can have, before a DOM of it is built: hostile headers cost nothing
+  // to reject, and the DOM of one that passes is small per byte of header.
+  static constexpr int kMaxDepth = 3;
+  static constexpr size_t kMaxFieldValues = 2 * kMaxDims;
+
+  struct Container {
+    bool object;
+    size_t values = 0;
+  };
+
+  bool open_container(bool object) {
+    if (!count_value()) return false;
+    if (containers_.empty() && !object) {
+      out_of_format = "the header is an array, expected a JSON object";
+      return false;
+    }
+    if (containers_.size() == kMaxDepth) {
+      out_of_format = "entry '" + current_entry_ + "' nests values deeper than a safetensors header does";
+      return false;
+    }
+    containers_.push_back({object});
+    if (object) open_objects_.emplace_back();
+    return true;
+  }
+
+  // Counts a value (or an object's key) in the innermost field-level container.
+  bool count_value() {
+    if (containers_.size() < kMaxDepth) return true;
+    Container& c = containers_.back();
+    if (++c.values > (c.object ? 2 : 1) * kMaxFieldValues) {
+      out_of_format = "entry '" + current_entry_ + "' has a field of more than " + std::to_string(kMaxFieldValues) +
+                      " values, more than a shape or data_offsets holds";
+      return false;
+    }
+    return true;
+  }
+
+  std::vector<Container> containers_;
   std::vector<std::set<std::string>> open_objects_;
   std::string current_entry_;
 };
 
+// The header's entries in file order, and its metadata.
 struct Header {
-  Json json;
-  std::vector<std::string> names;  // top-level keys in file order
+  std::map<std::string, std::string> metadata;
+  std::vector<Entry> entries;
 };
 
 Header parse_header(const Source& src, const std::string& text) {
   HeaderScan scan;
-  if (!Json::sax_parse(text, &scan))
+  const bool parsed = Json::sax_parse(text, &scan);
+  if (!scan.out_of_format.empty()) src.fail(scan.out_of_format);
+  if (!parsed)
     src.fail("the header is not valid JSON (near file byte ", 8 + (scan.error_byte > 0 ? scan.error_byte - 1 : 0),
              "): ", scan.error);
   if (!scan.duplicate.empty()) src.fail(scan.duplicate);
-  Header header{Json::parse(text), std::move(scan.names)};
-  if (!header.json.is_object()) src.fail("the header is ", json_type(header.json), ", expected a JSON object");
+  // Each top-level entry is checked as soon as it is parsed and then dropped from the DOM,
+  // which so never holds more than one entry: memory follows the entries, not the text.
+  Header header;
+  std::string name;
+  Json root = Json::parse(text, [&](int depth, Json::parse_event_t event, Json& value) {
+    if (depth != 1) return true;
+    if (event == Json::parse_event_t::key) {
+      name = value.get<std::string>();
+      return true;
+    }
+    // An entry is complete at its object_end (array_end, value: entries of the wrong type).
+    if (event != Json::parse_event_t::object_end && event != Json::parse_event_t::array_end &&
+        event != Json::parse_event_t::value)
+      return true;
+    if (name == "__metadata__") header.metadata = parse_metadata(src, value);
+    else header.entries.push_back(parse_entry(src, name, value));
+    return false;
+  });
+  if (!root.is_object()) src.fail("the header is ", json_type(root), ", expected a JSON object");
   return header;
 }
 
@@ -282,16 +342,6 @@ void read_at(const Source& src, int fd, void* dst, uint64_t n, uint64_t at, cons
   }
 }
 
-void write_all(int fd, const void* src, size_t n, const std::string& path, const std::string& tmp) {
-  const auto* in = static_cast<const char*>(src);
-  while (n > 0) {
-    ssize_t put = ::write(fd, in, n);
-    if (put < 0 && errno == EINTR) continue;
-    WEFT_CHECK(put >= 0, "save_safetensors: cannot write '", path, "' (temporary '", tmp, "'): ", errno_text(errno));
-    in += put;
-    n -= static_cast<size_t>(put);
-  }
-}
 
 bool is_valid_utf8(const std::string& s) {
   try {
@@ -302,11 +352,14 @@ bool is_valid_utf8(const std::string& s) {
   }
 }
 
-}  // namespace
+// The file's header, checked whole against the file (load_safetensors reads the data after it).
+struct CheckedHeader {
+  Source src;
+  std::map<std::string, std::string> metadata;
+  std::vector<Entry> entries;
+};
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  FileDescriptor file;
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+CheckedHeader read_checked_header(const FileDescriptor& file, const std::string& path) {
   WEFT_CHECK(file.fd >= 0, "load_safetensors: cannot open '", path, "': ", errno_text(errno));
   struct stat info {};
   WEFT_CHECK(::fstat(file.fd, &info) == 0, "load_safetensors: cannot stat '", path, "': ", errno_text(errno));
@@ -333,22 +386,29 @@ SafetensorsFile load_safetensors(const std::string& path) {
   if (auto nul = text.find('\0'); nul != std::string::npos)
     src.fail("the header holds a NUL byte at file byte ", 8 + nul, " (headers are JSON padded with spaces)");
   Header header = parse_header(src, text);
-
-  SafetensorsFile out;
-  std::vector<Entry> entries;
-  for (const std::string& name : header.names) {
-    if (name == "__metadata__") {
-      out.metadata = parse_metadata(src, header.json[name]);
-    } else {
-      entries.push_back(parse_entry(src, name, header.json[name]));
-    }
-  }
-  check_layout(src, entries);
-  for (const Entry& e : entries)
+  CheckedHeader out{src, std::move(header.metadata), std::move(header.entries)};
+  check_layout(src, out.entries);
+  for (const Entry& e : out.entries)
     if (is_reserved(e.dtype))
       src.fail("tensor '", e.name, "': dtype ", code_of(e.dtype), " (", dtype_name(e.dtype),
                ") is not supported yet; convert it to float32 before saving");
+  return out;
+}
 
+}  // namespace
+
+std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
+  FileDescriptor file;
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  return read_checked_header(file, path).metadata;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  FileDescriptor file;
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  auto [src, metadata, entries] = read_checked_header(file, path);
+  SafetensorsFile out;
+  out.metadata = std::move(metadata);
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, e.dtype);
     const uint64_t nbytes = e.end - e.begin;
@@ -408,40 +468,18 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   unsigned char length_bytes[8];
   for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  WEFT_CHECK(fd >= 0, "save_safetensors: cannot create '", tmp, "' to write '", path, "': ", errno_text(errno));
-  try {
-    write_all(fd, length_bytes, 8, path, tmp);
-    write_all(fd, text.data(), text.size(), path, tmp);
-    for (size_t i : order) {
-      // One host copy at a time: a checkpoint of GPU or strided tensors never needs a
-      // second copy of the whole model.
-      Tensor t = tensors[i].second.detach();
-      if (!t.device().is_cpu()) t = t.to(kCPU);
-      t = t.contiguous();
-      if (t.nbytes() > 0) write_all(fd, t.raw_data(), static_cast<size_t>(t.nbytes()), path, tmp);
-    }
-    WEFT_CHECK(::fsync(fd) == 0, "save_safetensors: cannot flush '", tmp, "' to disk for '", path, "': ",
-               errno_text(errno));
-    const int closed = ::close(fd);
-    fd = -1;
-    WEFT_CHECK(closed == 0, "save_safetensors: cannot close '", tmp, "' for '", path, "': ", errno_text(errno));
-    WEFT_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "save_safetensors: cannot rename '", tmp, "' to '", path,
-               "': ", errno_text(errno));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  AtomicFile file(path, "save_safetensors");
+  file.write(length_bytes, 8);
+  file.write(text);
+  for (size_t i : order) {
+    // One host copy at a time: a checkpoint of GPU or strided tensors never needs a
+    // second copy of the whole model.
+    Tensor t = tensors[i].second.detach();
+    if (!t.device().is_cpu()) t = t.to(kCPU);
+    t = t.contiguous();
+    if (t.nbytes() > 0) file.write(t.raw_data(), static_cast<size_t>(t.nbytes()));
   }
-  // The rename itself is durable only once the directory is flushed. Some filesystems
-  // refuse fsync on a directory; the file is complete either way, so that is not an error.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  int dir_fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    (void)::fsync(dir_fd);
-    ::close(dir_fd);
-  }
+  file.commit();
 }
 
 }  // namespace weft

@@ -41,4 +41,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 // weft reserves those dtypes and never converts silently.
 SafetensorsFile load_safetensors(const std::string& path);
 
+// The metadata alone, after the same checks of the whole header (no tensor data is read).
+std::map<std::string, std::string> load_safetensors_metadata(const std::string& path);
+
 }  // namespace weft

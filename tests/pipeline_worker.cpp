@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
     const auto got = pipe.named_parameters();
     if (got.empty()) std::cout << "FAIL: rank " << rank << " holds no parameters" << std::endl, ++failures;
     for (const auto& [name, value] : got) {
-      const auto it = std::find_if(want.begin(), want.end(), [&](const auto& p) { return p.first == name; });
+      const std::string& key = name;  // Clang 14 cannot capture a structured binding
+      const auto it = std::find_if(want.begin(), want.end(), [&](const auto& p) { return p.first == key; });
       const double diff = it == want.end() ? 1.0 : amax(abs(sub(value, it->second))).item();
       if (diff > 1e-10) {
         std::cout << "FAIL: rank " << rank << ": parameter " << name << " differs by " << diff << std::endl;

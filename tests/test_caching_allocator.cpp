@@ -1,71 +1,16 @@
-// The CUDA caching allocator's pool logic, on a fake device: runs on every machine.
-//
-// FakeDevice hands out host memory up to a capacity and models streams and events
-// explicitly: an event completes only when the test says its stream's work is done, so
-// stream-ordered reuse is tested deterministically.
+// The CUDA caching allocator's pool logic, on a fake device (fake_device_memory.h): runs
+// on every machine.
 #include <doctest/doctest.h>
 
-#include <cstdlib>
-#include <map>
-#include <set>
-
 #include "core/error.h"
+#include "fake_device_memory.h"
 #include "kernels/cuda/caching_allocator.h"
 
 using weft::Device;
 using weft::cuda::CachingAllocator;
-using weft::cuda::EventId;
-using weft::cuda::StreamId;
-
-namespace {
-
-struct FakeState {
-  size_t capacity = size_t{64} << 20;
-  size_t used = 0;
-  std::map<void*, size_t> live;
-  StreamId stream = 1;
-  int next_event = 1;
-  std::map<int, StreamId> events;          // event -> stream it was recorded on
-  std::set<StreamId> busy;                 // streams whose queued work is not done
-  int released_events = 0;
-  int raw_allocations = 0;
-};
-
-class FakeDevice final : public weft::cuda::DeviceMemory {
- public:
-  explicit FakeDevice(FakeState& s) : s_(s) {}
-  void* raw_allocate(size_t n) override {
-    if (s_.used + n > s_.capacity) return nullptr;
-    void* p = std::malloc(n);
-    s_.used += n;
-    s_.live[p] = n;
-    ++s_.raw_allocations;
-    return p;
-  }
-  void raw_free(void* p) override {
-    s_.used -= s_.live.at(p);
-    s_.live.erase(p);
-    std::free(p);
-  }
-  StreamId current_stream() override { return s_.stream; }
-  EventId record_event(StreamId stream) override {
-    int id = s_.next_event++;
-    s_.events[id] = stream;
-    return reinterpret_cast<EventId>(static_cast<intptr_t>(id));
-  }
-  bool event_done(EventId e) override {
-    return s_.busy.count(s_.events.at(static_cast<int>(reinterpret_cast<intptr_t>(e)))) == 0;
-  }
-  void release_event(EventId) override { ++s_.released_events; }
-  std::string describe_capacity() override { return "fake GPU with " + std::to_string(s_.capacity) + " bytes"; }
-
- private:
-  FakeState& s_;
-};
-
-constexpr size_t MiB = size_t{1} << 20;
-
-}  // namespace
+using weft::test::FakeDevice;
+using weft::test::FakeState;
+using weft::test::MiB;
 
 TEST_CASE("sizes round to 512 bytes and segments follow the request class") {
   CHECK(CachingAllocator::round_size(1) == 512);
@@ -183,13 +128,69 @@ TEST_CASE("out of memory frees the cache, retries, then names what is used and c
   void* q = a.allocate(20 * MiB);
   CHECK(q != nullptr);
   CHECK(s.used == 22 * MiB);
-  CHECK_THROWS_WITH_AS(a.allocate(9 * MiB), doctest::Contains("CUDA out of memory on cuda:3: tried to allocate 9.00 MiB"),
+  CHECK(s.device_synchronizations == 0);  // its own free segments were enough
+  CHECK_THROWS_WITH_AS(a.allocate(9 * MiB),
+                       doctest::Contains("CUDA out of memory on cuda:3: tried to allocate 9.00 MiB"), weft::Error);
+  CHECK(s.device_synchronizations > 0);   // before failing, it synchronised and emptied again
+  CHECK_THROWS_WITH_AS(a.allocate(9 * MiB), doctest::Contains("cuda:3 has 20.00 MiB in use by tensors"), weft::Error);
+  CHECK_THROWS_WITH_AS(a.allocate(9 * MiB), doctest::Contains("after synchronising and emptying its own cache"),
                        weft::Error);
-  CHECK_THROWS_WITH_AS(a.allocate(9 * MiB), doctest::Contains("20.00 MiB is in use by tensors"), weft::Error);
   CHECK_THROWS_WITH_AS(a.allocate(9 * MiB), doctest::Contains("fake GPU with"), weft::Error);
   a.deallocate(q, 20 * MiB);
   a.deallocate(small, 1000);
   CHECK(a.stats().bytes_in_use == 0);
+}
+
+TEST_CASE("out of memory waits for blocks held back by other streams before it fails") {
+  FakeState s;
+  s.capacity = 24 * MiB;
+  CachingAllocator a(Device::cuda(0), std::make_unique<FakeDevice>(s));
+  void* p = a.allocate(20 * MiB);
+  a.record_stream(p, 7);
+  s.busy.insert(7);  // stream 7 still reads p: the block waits for its event
+  a.deallocate(p, 20 * MiB);
+  CHECK(a.cached_bytes() == static_cast<int64_t>(20 * MiB));
+  // Only after a synchronisation is the segment free to give back.
+  void* q = a.allocate(12 * MiB);
+  CHECK(q != nullptr);
+  CHECK(s.device_synchronizations == 1);
+  CHECK(s.busy.empty());
+  CHECK(s.used == 12 * MiB);
+  a.deallocate(q, 12 * MiB);
+}
+
+TEST_CASE("synchronize_and_empty_cache gives back blocks that waited for other streams") {
+  FakeState s;
+  CachingAllocator a(Device::cuda(0), std::make_unique<FakeDevice>(s));
+  void* p = a.allocate(12 * MiB);
+  a.record_stream(p, 5);
+  s.busy.insert(5);
+  a.deallocate(p, 12 * MiB);
+  a.empty_cache();  // no synchronisation: the block still waits
+  CHECK(s.used == 12 * MiB);
+  CHECK(a.synchronize_and_empty_cache() == static_cast<int64_t>(12 * MiB));
+  CHECK(s.used == 0);
+  CHECK(a.stats().bytes_reserved == 0);
+}
+
+TEST_CASE("release_free_segment gives back one whole free segment and nothing else") {
+  FakeState s;
+  s.capacity = 256 * MiB;
+  CachingAllocator a(Device::cuda(0), std::make_unique<FakeDevice>(s));
+  void* keep = a.allocate(30 * MiB);
+  a.deallocate(keep, 30 * MiB);   // cached, and must stay so
+  void* search = a.allocate(64 * MiB);
+  void* small = a.allocate(1000);
+  void* small2 = a.allocate(1000);
+  a.deallocate(search, 64 * MiB);
+  a.deallocate(small2, 1000);
+  CHECK(a.release_free_segment(search) == static_cast<int64_t>(64 * MiB));
+  CHECK(a.release_free_segment(search) == 0);   // already gone
+  CHECK(a.release_free_segment(small2) == 0);   // a piece of a segment still in use
+  CHECK(a.release_free_segment(nullptr) == 0);
+  CHECK(s.used == 30 * MiB + 2 * MiB);
+  CHECK(a.stats().bytes_reserved == static_cast<int64_t>(32 * MiB));
+  a.deallocate(small, 1000);
 }
 
 TEST_CASE("reset_peak and zero-byte allocations") {

@@ -152,7 +152,9 @@ TEST_CASE("binary float ops match the CPU: broadcasting, layouts, odd and empty 
   };
   uint64_t seed = 100;
   for (DType dtype : {DType::Float32, DType::Float64}) {
-    for (const auto& [sa, sb] : kBinaryShapes) {
+    // Named elements, not structured bindings: CAPTURE is a lambda, and Clang 14 cannot capture those.
+    for (const auto& shapes : kBinaryShapes) {
+      const Shape &sa = shapes.first, &sb = shapes.second;
       // A positive base keeps pow real; b has both signs.
       Tensor a = test::random(sa, dtype, ++seed, 0.5, 2.0);
       Tensor b = test::random(sb, dtype, ++seed);
@@ -197,7 +199,8 @@ TEST_CASE("binary integer ops match the CPU exactly") {
   for (DType dtype : {DType::Int64, DType::Int32, DType::UInt8}) {
     // uint8 sums and products wrap around, identically on both devices.
     double lo = dtype == DType::UInt8 ? 0 : -1000, hi = dtype == DType::UInt8 ? 250 : 1000;
-    for (const auto& [sa, sb] : kBinaryShapes) {
+    for (const auto& shapes : kBinaryShapes) {
+      const Shape &sa = shapes.first, &sb = shapes.second;
       Tensor a = values(sa, dtype, ++seed, lo, hi), b = values(sb, dtype, ++seed, lo, hi);
       for (const NamedLayout& layout : kLayouts) {
         for (const BinaryCase& c : cases) {
@@ -248,7 +251,8 @@ TEST_CASE("comparisons give bool tensors equal to the CPU's, for every dtype") {
   };
   uint64_t seed = 400;
   for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::Int32, DType::UInt8, DType::Bool}) {
-    for (const auto& [sa, sb] : kBinaryShapes) {
+    for (const auto& shapes : kBinaryShapes) {
+      const Shape &sa = shapes.first, &sb = shapes.second;
       // Few distinct values, so that ties (eq, le, ge) occur often.
       auto few = [&](const Shape& shape) {
         return dtype == DType::Bool ? values(shape, dtype, ++seed, 0, 1) : values(shape, DType::Int64, ++seed, 0, 4).to(dtype);
@@ -425,7 +429,9 @@ TEST_CASE("gradients through autograd match the CPU's") {
       {"where", [](const Tensor& x, const Tensor& y) { return where(gt(y, 0.0), x, mul(x, y)); }},
   };
   uint64_t seed = 1100;
-  for (const auto& [name, fn] : fns) {
+  for (const auto& named_fn : fns) {
+    const char* name = named_fn.first;
+    const Fn& fn = named_fn.second;
     CAPTURE(std::string(name));
     // y broadcasts along x's first dim, so its gradient goes through sum_to_shape.
     Tensor x = test::leaf({17, 9}, ++seed), y = test::leaf({9}, ++seed), w = test::random({17, 9}, DType::Float64, ++seed);
@@ -451,7 +457,8 @@ TEST_CASE("where matches the CPU: broadcasting, layouts, dtypes") {
       {Shape{0, 2}, Shape{2}, Shape{}},
   };
   for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::UInt8, DType::Bool}) {
-    for (const auto& [sc, sa, sb] : shapes) {
+    for (const std::array<Shape, 3>& s : shapes) {
+      const Shape &sc = s[0], &sa = s[1], &sb = s[2];
       Tensor c = values(sc, DType::Bool, ++seed, 0, 1);
       Tensor a = values(sa, dtype, ++seed, 0, 100), b = values(sb, dtype, ++seed, 0, 100);
       for (const NamedLayout& layout : kLayouts) {

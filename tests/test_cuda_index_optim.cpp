@@ -93,27 +93,37 @@ TEST_CASE("index_select on CUDA: every dim and dtype, non-contiguous, row widths
   CHECK(none.device() == gpu());
 }
 
+// A bad index on CUDA is a device-side error (Note [Device-side errors]): the op returns,
+// its output reads 0 where the index was bad, and the next synchronisation (here the copy
+// to the host) raises the error, naming the op and the first bad entry (the smallest flat
+// position, whatever the timing).
 TEST_CASE("index checks on CUDA report the first bad entry of a long index, and one_hot infers the max") {
   Tensor x = on_gpu(random({5, 3}, DType::Float32, 6));
   std::vector<int64_t> iv = random_ints(1000003, 0, 5, 7);
   CHECK_GPU_EXACT(index_select(x, 0, on_gpu(tensor(iv))), index_select(x.to(kCPU), 0, tensor(iv)));
   iv[900001] = -1;
   iv[700001] = 5;
-  CHECK_THROWS_WITH_AS(index_select(x, 0, on_gpu(tensor(iv))),
-                       doctest::Contains("index 5 at position [700001] is out of range for dimension 0 of size 5"),
+  Tensor selected = index_select(x, 0, on_gpu(tensor(iv)));  // no host synchronisation, so no error yet
+  CHECK_THROWS_WITH_AS(selected.to(kCPU),
+                       doctest::Contains("index_select: index 5 at flat position 700001 is out of range (expected 0 "
+                                         "<= index < 5); found on cuda:0"),
                        weft::Error);
+  CHECK(selected.to(kCPU).select(0, 700001).to_vector<float>() == std::vector<float>{0, 0, 0});  // read as 0
   iv[12] = -7;
-  CHECK_THROWS_WITH_AS(index_select(x, 0, on_gpu(tensor(iv))), doctest::Contains("index -7 at position [12]"),
-                       weft::Error);
+  CHECK_THROWS_WITH_AS(index_select(x, 0, on_gpu(tensor(iv))).to(kCPU),
+                       doctest::Contains("index -7 at flat position 12"), weft::Error);
 
   std::vector<int64_t> gv(12, 1);
   gv[11] = 3;
-  CHECK_THROWS_WITH_AS(gather(x, 1, on_gpu(tensor(gv, {4, 3}))),
-                       doctest::Contains("index 3 at position [3, 2] is out of range for dimension 1 of size 3"),
-                       weft::Error);
+  CHECK_THROWS_WITH_AS(
+      sum(gather(x, 1, on_gpu(tensor(gv, {4, 3})))).item(),
+      doctest::Contains("gather: index 3 at flat position 11 is out of range (expected 0 <= index < 3)"), weft::Error);
   gv[11] = 5;
-  CHECK_THROWS_WITH_AS(embedding(x, on_gpu(tensor(gv, {2, 6}))), doctest::Contains("index 5 at position [1, 5]"),
-                       weft::Error);
+  CHECK_THROWS_WITH_AS(embedding(x, on_gpu(tensor(gv, {2, 6}))).to(kCPU),
+                       doctest::Contains("embedding: index 5 at flat position 11"), weft::Error);
+  // The GPU is still usable, and the record was cleared when it was raised.
+  CHECK_GPU_EXACT(index_select(x, 0, on_gpu(tensor(std::vector<int64_t>{4, 0}))),
+                  index_select(x.to(kCPU), 0, tensor(std::vector<int64_t>{4, 0})));
 
   std::vector<int64_t> classes = random_ints(100003, 0, 10, 8);
   classes[55555] = 41;
@@ -464,8 +474,10 @@ TEST_CASE("clip_grad_norm_ on CUDA: norms 1, 2, 3.5 and inf over many gradients 
       CAPTURE(norm_type);
       Params p = make_params(dtype, 400);
       set_grads(p, dtype, 11, 5);
-      const double cpu_norm = optim::clip_grad_norm_(p.cpu, 1.0, norm_type);
-      const double gpu_norm = optim::clip_grad_norm_(p.gpu, 1.0, norm_type);
+      const double cpu_norm = optim::clip_grad_norm_(p.cpu, 1.0, norm_type).item();
+      const Tensor gpu_result = optim::clip_grad_norm_(p.gpu, 1.0, norm_type);
+      CHECK(gpu_result.device() == p.gpu[0].grad().device());  // the norm stays on the GPU
+      const double gpu_norm = gpu_result.item();
       if (std::isinf(norm_type)) {
         CHECK(gpu_norm == cpu_norm);
       } else {
@@ -479,8 +491,8 @@ TEST_CASE("clip_grad_norm_ on CUDA: norms 1, 2, 3.5 and inf over many gradients 
                           dtype == DType::Float64 ? 1e-12 : 1e-6);
       }
       // Without clipping (max_norm above the norm), twice: the same bits.
-      const double first = optim::clip_grad_norm_(p.gpu, 1e300, norm_type);
-      CHECK(optim::clip_grad_norm_(p.gpu, 1e300, norm_type) == first);
+      const double first = optim::clip_grad_norm_(p.gpu, 1e300, norm_type).item();
+      CHECK(optim::clip_grad_norm_(p.gpu, 1e300, norm_type).item() == first);
     }
   }
 }
@@ -494,12 +506,12 @@ TEST_CASE("clip_grad_norm_ on CUDA: NaN and inf gradients") {
     values[654321] = std::nanf("");
     p.gpu[4].set_grad(on_gpu(tensor(values, p.cpu[4].shape())));
     Tensor before = p.gpu[4].grad().to(kCPU);
-    CHECK(std::isnan(optim::clip_grad_norm_(p.gpu, 1.0, norm_type)));
+    CHECK(std::isnan(optim::clip_grad_norm_(p.gpu, 1.0, norm_type).item()));
     CHECK(p.gpu[4].grad().to(kCPU).to_vector<float>()[0] == before.to_vector<float>()[0]);  // not scaled
 
     values[654321] = std::numeric_limits<float>::infinity();
     p.gpu[4].set_grad(on_gpu(tensor(values, p.cpu[4].shape())));
-    CHECK(std::isinf(optim::clip_grad_norm_(p.gpu, 1e300, norm_type)));
+    CHECK(std::isinf(optim::clip_grad_norm_(p.gpu, 1e300, norm_type).item()));
     CHECK_THROWS_AS(optim::clip_grad_norm_(p.gpu, 1.0, norm_type, true), weft::Error);
   }
 }

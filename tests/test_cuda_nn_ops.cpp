@@ -28,7 +28,9 @@
 #include <vector>
 
 #include "kernels/batch_norm_kernels.h"
+#include "core/determinism.h"
 #include "kernels/conv_kernels.h"
+#include "kernels/cuda/direct_conv.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/linalg_kernels.h"
 #include "kernels/pooling_kernels.h"
@@ -141,6 +143,13 @@ struct Tf32Guard {
   ~Tf32Guard() { cuda::set_allow_tf32(saved); }
 };
 
+// Restores the deterministic-algorithms switch when a test ends.
+struct DeterministicGuard {
+  bool saved = deterministic_algorithms();
+  explicit DeterministicGuard(bool on) { use_deterministic_algorithms(on); }
+  ~DeterministicGuard() { use_deterministic_algorithms(saved); }
+};
+
 }  // namespace
 
 // --- matmul ----------------------------------------------------------------------------
@@ -155,7 +164,9 @@ TEST_CASE("matmul matches the CPU: odd, batched, broadcast and empty shapes, in 
   };
   uint64_t seed = 1;
   for (DType dtype : {DType::Float32, DType::Float64}) {
-    for (const auto& [sa, sb] : shapes) {
+    // Named elements, not structured bindings: CAPTURE is a lambda, and Clang 14 cannot capture those.
+    for (const auto& operands : shapes) {
+      const Shape &sa = operands.first, &sb = operands.second;
       const Tensor a = random(sa, dtype, ++seed), b = random(sb, dtype, ++seed);
       for (const NamedLayout& la : kLayouts) {
         for (const NamedLayout& lb : kLayouts) {
@@ -350,6 +361,60 @@ TEST_CASE("conv2d with TF32 allowed stays within TF32's precision") {
   check_op([&](const std::vector<Tensor>& in) { return run_conv(in, c); }, {x, w, b}, 1e-2);
 }
 
+TEST_CASE("conv2d with deterministic algorithms: cuDNN's heuristic choice matches the CPU and repeats") {
+  DeterministicGuard deterministic(true);
+  uint64_t seed = 500;
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (const ConvConfig& c : kConvConfigs) {
+      CAPTURE(dtype);
+      CAPTURE(c.input);
+      CAPTURE(c.weight);
+      const Tensor x = random(c.input, dtype, ++seed), w = random(c.weight, dtype, ++seed);
+      const Tensor b = random({c.weight[0]}, dtype, ++seed);
+      check_op([&](const std::vector<Tensor>& in) { return run_conv(in, c); }, {x, w, b}, conv_tol_of(dtype));
+      check_deterministic([&](const std::vector<Tensor>& in) { return run_conv(in, c); }, {x, w, b});
+    }
+  }
+}
+
+// What conv.cpp runs where cuDNN has no acceptable algorithm (kernels/cuda/direct_conv.h),
+// called directly: cuDNN offers a deterministic algorithm for most geometries, so the
+// fallback would otherwise go untested.
+TEST_CASE("weft's direct conv2d kernels match the CPU for every convolution knob") {
+  uint64_t seed = 700;
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (const ConvConfig& c : kConvConfigs) {
+      if (c.input.size() != 4) continue;  // the kernels take a batch; conv2d adds the dim itself
+      CAPTURE(dtype);
+      CAPTURE(c.input);
+      CAPTURE(c.weight);
+      const Conv2dParams p{c.stride, c.padding, c.dilation, c.groups};
+      const Tensor x = random(c.input, dtype, ++seed), w = random(c.weight, dtype, ++seed);
+      const Tensor expected = conv2d(x, w, Tensor(), c.stride, c.padding, c.dilation, c.groups);
+      const Shape& o = expected.shape();
+      const cuda::DirectConvGeometry g{c.input[0], c.input[1], c.input[2], c.input[3], o[1], o[2], o[3],
+                                       c.weight[2], c.weight[3], p};
+      const Tensor gx_in = on_gpu(x), gw_in = on_gpu(w);
+      Tensor out = poisoned(o, dtype, gpu());
+      cuda::direct_conv2d_forward(dtype, gx_in.raw_data(), gw_in.raw_data(), out.raw_data(), g, gpu());
+      CHECK_NORMALISED(out, expected, conv_tol_of(dtype));
+
+      const Tensor gy = random(o, dtype, ++seed);
+      Tensor gx = empty(c.input, TensorOptions(dtype)), gw = empty(c.weight, TensorOptions(dtype));
+      conv2d_backward_stub(kCPU, gy, x, w, gx, gw, Tensor(), p);
+      const Tensor gy_in = on_gpu(gy);
+      Tensor cx = poisoned(c.input, dtype, gpu()), cw = poisoned(c.weight, dtype, gpu());
+      cuda::direct_conv2d_backward_input(dtype, gy_in.raw_data(), gw_in.raw_data(), cx.raw_data(), g, gpu());
+      cuda::direct_conv2d_backward_weight(dtype, gx_in.raw_data(), gy_in.raw_data(), cw.raw_data(), false, g, gpu());
+      CHECK_NORMALISED(cx, gx, conv_tol_of(dtype));
+      CHECK_NORMALISED(cw, gw, conv_tol_of(dtype));
+      // Chunks of a batch add into grad_weight.
+      cuda::direct_conv2d_backward_weight(dtype, gx_in.raw_data(), gy_in.raw_data(), cw.raw_data(), true, g, gpu());
+      CHECK_NORMALISED(cw, mul(gw, 2.0), conv_tol_of(dtype));
+    }
+  }
+}
+
 // --- pooling ---------------------------------------------------------------------------
 
 namespace {
@@ -456,12 +521,14 @@ TEST_CASE("adaptive_avg_pool2d: even, uneven and growing bins equal the CPU's") 
   };
   uint64_t seed = 500;
   for (DType dtype : {DType::Float32, DType::Float64}) {
-    for (const auto& [shape, size] : cases) {
+    for (const auto& c : cases) {
+      const Shape& shape = c.first;
+      const std::array<int64_t, 2>& size = c.second;
       for (const NamedLayout& layout : kLayouts) {
         CAPTURE(dtype);
         CAPTURE(shape);
         CAPTURE(layout.name);
-        check_op([&, size = size](const std::vector<Tensor>& in) {
+        check_op([&](const std::vector<Tensor>& in) {
           return adaptive_avg_pool2d(layout.apply(in[0]), size);
         }, {random(shape, dtype, ++seed)}, 0);
       }

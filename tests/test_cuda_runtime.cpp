@@ -1,8 +1,10 @@
 // The CUDA runtime on a GPU: devices and virtual devices, streams and events, the caching
-// allocator (reuse, statistics, stream-ordered reuse, the out-of-memory message), and
+// and direct allocators (reuse, statistics, stream-ordered reuse and frees, the
+// out-of-memory message and its relief across logical devices), and
 // copies (host <-> device, pinned, across logical devices, dtype conversion, strides),
 // and DevicePrefetcher's uploads on a copy stream.
-// CTest runs this suite twice: as is, and with WEFT_VIRTUAL_DEVICES=4.
+// CTest runs this suite three times: as is, with WEFT_VIRTUAL_DEVICES=4 and with
+// WEFT_CUDA_ALLOCATOR=direct.
 #include <atomic>
 #include <cstdlib>
 
@@ -10,6 +12,7 @@
 #include "data/dataloader.h"
 #include "data/device_prefetcher.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/memory.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/stream.h"
@@ -23,6 +26,11 @@ namespace {
 int virtual_devices() {
   const char* v = std::getenv("WEFT_VIRTUAL_DEVICES");
   return v && *v ? std::atoi(v) : 0;
+}
+
+// CTest runs this suite again with WEFT_CUDA_ALLOCATOR=direct (no cache, exact blocks).
+bool direct_allocator() {
+  return cuda::allocator_kind(std::getenv("WEFT_CUDA_ALLOCATOR")) == cuda::AllocatorKind::Direct;
 }
 
 // Holds a stream busy until release(): a host function queued on it spins on a flag.
@@ -97,6 +105,10 @@ TEST_CASE("events time work and report completion") {
 }
 
 TEST_CASE("the caching allocator reuses blocks and counts bytes like the CPU allocator") {
+  if (direct_allocator()) {
+    MESSAGE("WEFT_CUDA_ALLOCATOR=direct: nothing is cached (see the direct allocator's case)");
+    return;
+  }
   Device d = gpu();
   cuda::synchronize(d);
   AllocatorStats before = memory_stats(d);
@@ -119,6 +131,10 @@ TEST_CASE("the caching allocator reuses blocks and counts bytes like the CPU all
 }
 
 TEST_CASE("empty_cache gives whole free segments back") {
+  if (direct_allocator()) {
+    MESSAGE("WEFT_CUDA_ALLOCATOR=direct: nothing is cached");
+    return;
+  }
   Device d = gpu();
   { Tensor big = empty({64 << 20}, TensorOptions(DType::Float32, d)); }
   int64_t reserved = memory_stats(d).bytes_reserved;
@@ -130,7 +146,7 @@ TEST_CASE("out of memory says what was asked for, what is used and what is cache
   Device d = gpu();
   Shape huge{int64_t{1} << 48};  // 1 PiB of float32
   CHECK_THROWS_WITH_AS(empty(huge, TensorOptions(DType::Float32, d)),
-                       doctest::Contains("CUDA out of memory on cuda:0: tried to allocate 1024.00 TiB (a segment of"), Error);
+                       doctest::Contains("CUDA out of memory on cuda:0: tried to allocate 1024.00 TiB ("), Error);
   CHECK_THROWS_WITH_AS(empty(huge, TensorOptions(DType::Float32, d)), doctest::Contains("in use by tensors"), Error);
   CHECK_THROWS_WITH_AS(empty(huge, TensorOptions(DType::Float32, d)), doctest::Contains("GiB free"), Error);
   Tensor fine = ones({10}, TensorOptions(DType::Float32, d));  // the allocator still works
@@ -138,6 +154,11 @@ TEST_CASE("out of memory says what was asked for, what is used and what is cache
 }
 
 TEST_CASE("record_stream: a block read by another stream is not reused until that stream is done") {
+  if (direct_allocator()) {
+    // Its free would wait for the blocked stream, which the test releases only later.
+    MESSAGE("WEFT_CUDA_ALLOCATOR=direct: frees wait for the streams instead (see the direct allocator's case)");
+    return;
+  }
   Device d = gpu();
   Stream side = new_stream(d);
   void* block = nullptr;
@@ -154,6 +175,55 @@ TEST_CASE("record_stream: a block read by another stream is not reused until tha
   side.synchronize();
   Tensor reused = empty({n}, TensorOptions(DType::Float32, d));
   CHECK(reused.raw_data() == block);
+}
+
+TEST_CASE("WEFT_CUDA_ALLOCATOR=direct: one exact allocation per tensor, freed once its streams are done") {
+  if (!direct_allocator()) {
+    MESSAGE("the caching allocator is in use: run with WEFT_CUDA_ALLOCATOR=direct (CTest's _direct entries)");
+    return;
+  }
+  Device d = gpu();
+  cuda::synchronize(d);
+  const AllocatorStats before = memory_stats(d);
+  CHECK(before.bytes_reserved == before.bytes_in_use);
+  {
+    Tensor t = empty({1001}, TensorOptions(DType::UInt8, d));  // not rounded to anything
+    CHECK(memory_stats(d).bytes_in_use == before.bytes_in_use + 1001);
+    CHECK(memory_stats(d).bytes_reserved == before.bytes_reserved + 1001);
+    CHECK(cuda::device_allocator(d).cached_bytes() == 0);
+  }
+  CHECK(memory_stats(d).bytes_reserved == before.bytes_reserved);
+  // A block read by another stream is freed only after that stream's work: the values
+  // it reads are still the ones written (memcheck would report a use after free).
+  Stream side = new_stream(d);
+  Tensor x = full({1 << 20}, 2.0, TensorOptions(DType::Float32, d));
+  Tensor doubled;
+  {
+    Tensor y = mul(x, 1.0);
+    Event written;
+    written.record(current_stream(d));
+    written.block(side);
+    keep_busy(side);
+    StreamGuard guard(side);
+    doubled = mul(y, 2.0);
+    record_stream(y, side);
+  }
+  CHECK(doubled.to(kCPU).to_vector<float>()[12345] == 4.0f);
+}
+
+TEST_CASE("out of memory on one logical device empties the caches of the others on its GPU") {
+  if (cuda::device_count() < 2 || cuda::physical_device(gpu(0)) != cuda::physical_device(gpu(1))) {
+    MESSAGE("needs two logical devices on one GPU: run with WEFT_VIRTUAL_DEVICES=4");
+    return;
+  }
+  { Tensor cached = empty({16 << 20}, TensorOptions(DType::Float32, gpu(1))); }  // 64 MiB left in cuda:1's cache
+  const int64_t reserved = memory_stats(gpu(1)).bytes_reserved;
+  Shape huge{int64_t{1} << 48};
+  CHECK_THROWS_WITH_AS(empty(huge, TensorOptions(DType::Float32, gpu(0))),
+                       doctest::Contains("and emptying the caches of cuda:0"), Error);
+  if (!direct_allocator()) CHECK(memory_stats(gpu(1)).bytes_reserved <= reserved - (int64_t{64} << 20));
+  CHECK_THROWS_WITH_AS(empty(huge, TensorOptions(DType::Float32, gpu(0))),
+                       doctest::Contains("cuda:1 on the same GPU holds"), Error);
 }
 
 TEST_CASE("host <-> device copies for every dtype, strides and conversions") {

@@ -169,6 +169,9 @@ TEST_CASE("FashionMNIST on synthetic IDX files: values, plain and gzip'd, errors
                        Contains("the directory '/nonexistent/fmnist' does not exist; install the Debian package "
                                 "dataset-fashion-mnist"),
                        Error);
+  // A file given for the directory is named as such, not as a missing directory.
+  CHECK_THROWS_WITH_AS(FashionMNIST((dir / "train-labels-idx1-ubyte.gz").string()),
+                       Contains("is not a directory (give the directory that holds"), Error);
 
   // Malformed content: a label outside 0..9, counts that disagree, wrong image size.
   write_gz((dir / "train-labels-idx1-ubyte.gz").string(), idx_bytes(0x08, {3}, std::string("\x09\x0a\x04", 3)));

@@ -3,7 +3,12 @@
 #include "test_util.h"
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <limits>
+
+#include "kernels/elementwise_kernels.h"
+#include "kernels/host_device_math.h"
 
 using namespace weft;
 using doctest::Contains;
@@ -208,4 +213,61 @@ TEST_CASE("elementwise errors say what is wrong") {
   CHECK_THROWS_WITH_AS(exp(ints), Contains("exp: expected a float32 or float64 tensor"), Error);
   CHECK_THROWS_WITH_AS(add(Tensor(), f), Contains("add: argument 'a' is an undefined tensor"), Error);
   CHECK_THROWS_WITH_AS(clamp(f, std::nullopt, std::nullopt), Contains("at least one of min and max"), Error);
+}
+
+// Note [Integer division by zero]: div() takes floats, but the kernels divide integers too
+// (kernels/elementwise_kernels.h), and x / 0 or INT_MIN / -1 must neither trap (SIGFPE) nor
+// differ between the CPU and the GPU. Every integer dtype, element by element and with the
+// divisor broadcast from one element (the CPU's scalar loop).
+template <class T>
+void check_integer_division(DType dtype) {
+  using Limits = std::numeric_limits<T>;
+  const T all_ones = static_cast<T>(~T(0));
+  std::vector<T> x, y, expected;
+  auto add_case = [&](T a, T b, T q) {
+    x.push_back(a);
+    y.push_back(b);
+    expected.push_back(q);
+  };
+  add_case(7, 2, 3);
+  add_case(0, 5, 0);
+  add_case(Limits::max(), 1, Limits::max());
+  add_case(Limits::max(), 0, all_ones);
+  add_case(0, 0, all_ones);
+  add_case(1, 0, all_ones);
+  if constexpr (std::is_signed_v<T>) {
+    add_case(-7, 2, -3);  // truncated toward zero
+    add_case(7, -2, -3);
+    add_case(-7, -2, 3);
+    add_case(Limits::min(), -1, Limits::min());  // wraps around
+    add_case(Limits::max(), -1, static_cast<T>(-Limits::max()));
+    add_case(Limits::min(), 1, Limits::min());
+    add_case(Limits::min(), 0, T(-1));
+    add_case(-1, 0, T(-1));
+  } else {
+    add_case(200, 3, 66);
+    add_case(200, 0, Limits::max());
+  }
+  const Shape shape{static_cast<int64_t>(x.size())};
+  Tensor a = tensor(x, shape, dtype), b = tensor(y, shape, dtype), out = full(shape, 42, dtype);
+  binary_stub(kCPU, BinaryOp::Div, a, b, out);
+  CHECK(out.to_vector<T>() == expected);
+  for (size_t i = 0; i < x.size(); ++i) CHECK(hd::int_div(x[i], y[i]) == expected[i]);
+
+  // Every element over a broadcast zero, then Limits::min() over a broadcast -1.
+  Tensor zero = tensor(std::vector<T>{0}, Shape{1}, dtype);
+  binary_stub(kCPU, BinaryOp::Div, a, zero.expand(shape), out);
+  CHECK(out.to_vector<T>() == std::vector<T>(x.size(), all_ones));
+  if constexpr (std::is_signed_v<T>) {
+    Tensor minus_one = tensor(std::vector<T>{-1}, Shape{1}, dtype);
+    Tensor mins = full({5}, static_cast<double>(Limits::min()), dtype), quotient = empty({5}, dtype);
+    binary_stub(kCPU, BinaryOp::Div, mins, minus_one.expand({5}), quotient);
+    CHECK(quotient.to_vector<T>() == std::vector<T>(5, Limits::min()));
+  }
+}
+
+TEST_CASE("integer division in the kernels: x / 0 is all ones, INT_MIN / -1 wraps, no trap") {
+  SUBCASE("int64") { check_integer_division<int64_t>(DType::Int64); }
+  SUBCASE("int32") { check_integer_division<int32_t>(DType::Int32); }
+  SUBCASE("uint8") { check_integer_division<uint8_t>(DType::UInt8); }
 }

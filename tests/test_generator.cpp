@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
+#include "kernels/random_kernels.h"
 #include "kernels/random_transforms.h"
 
 using namespace weft;
@@ -98,6 +100,56 @@ TEST_CASE("CPU random fills are the shared transforms over the documented word l
   auto ints = randint(-7, 1000, {3}, DType::Int64, &g).to_vector<int64_t>();  // w = 2
   for (int i = 0; i < 3; ++i)
     CHECK(ints[i] == random_integer<int64_t>(block(i / 2).data() + 2 * (i % 2), -7, 1000));
+}
+
+// The GPU's float64 uniform (kernels/cuda/random.cu, through kernels/random_transforms.h),
+// written out as nvcc compiles it: 53 bits of words (w0, w1) to a unit in [0, 1), then
+// a + (b - a) * unit with one rounding (random_uniform's hd::mul_add is a fused multiply-add
+// on the device).
+double gpu_uniform64(uint32_t w0, uint32_t w1, double a, double b) {
+  const uint64_t k = (uint64_t{w0} << 21) ^ (w1 >> 11);
+  const double unit = (static_cast<double>(k) + 1.0) * 0x1p-53 - 0x1p-53;  // exact: k * 2^-53
+  return std::fma(b - a, unit, a);
+}
+
+// CPU/GPU parity of uniform draws: with bounds other than (0, 1) the last step is a
+// multiply-add, and its rounding is what could differ (Note [Fused multiply-add in shared
+// formulas]; kernels/cpu/random.cpp is compiled with -ffp-contract=off, so only the
+// explicit fused step is fused). This test is compiled for the library's CPU
+// (tests/CMakeLists.txt), so __FMA__ says whether the CPU kernel fuses too.
+TEST_CASE("float64 uniform draws with bounds other than (0, 1) equal the GPU's formula bit for bit") {
+  const uint64_t seed = 0xBADC0FFEE, first_block = 77;
+  const int64_t n = 4001;
+  const double bounds[][2] = {{-2.5, 7.25}, {1e-3, 1e3}, {-1e10, 3.0}, {0.1, 0.3}, {-1.0, -0x1p-30}};
+  // Named elements, not structured bindings: CAPTURE is a lambda, and Clang 14 cannot capture those.
+  for (const auto& bound : bounds) {
+    const double a = bound[0], b = bound[1];
+    CAPTURE(a);
+    CAPTURE(b);
+    Tensor cpu = empty({n}, DType::Float64);
+    random_stub(kCPU, cpu, RandomKind::Uniform, a, b, seed, first_block);
+    const auto values = cpu.to_vector<double>();
+    int64_t mismatches = 0, rounding_matters = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto words = philox4x32(seed, first_block + static_cast<uint64_t>(i / 2));
+      const uint32_t w0 = words[2 * (i % 2)], w1 = words[2 * (i % 2) + 1];
+      const double fused = gpu_uniform64(w0, w1, a, b);
+      const double k_unit = static_cast<double>((uint64_t{w0} << 21) ^ (w1 >> 11)) * 0x1p-53;
+      volatile double product = (b - a) * k_unit;  // volatile: rounded on its own, never fused
+      const double unfused = product + a;
+      rounding_matters += fused != unfused;
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+      mismatches += std::memcmp(&values[i], &fused, sizeof(double)) != 0;
+#else
+      // A CPU without FMA instructions rounds twice (README: differences between devices).
+      mismatches += std::memcmp(&values[i], &unfused, sizeof(double)) != 0;
+#endif
+    }
+    CHECK(mismatches == 0);
+    // The bounds are chosen so that one rounding or two gives different draws: the check
+    // above would catch a CPU kernel that contracted differently from the GPU.
+    if (b - a != 1.0) CHECK(rounding_matters > 0);
+  }
 }
 
 TEST_CASE("distributions") {

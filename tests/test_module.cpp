@@ -211,7 +211,10 @@ TEST_CASE("replica: forward equals the original for every nn layer, in training 
           std::make_shared<nn::AdaptiveAvgPool2d>(1), std::make_shared<nn::Flatten>(),
           std::make_shared<nn::Linear>(3, 2, true, TensorOptions(), &gen)}),
       test::random({3, 2, 8, 8}, DType::Float32, 36));
-  for (auto& [model, x] : cases) {
+  // Named elements, not structured bindings: CAPTURE is a lambda, and Clang 14 cannot capture those.
+  for (const auto& model_input : cases) {
+    const std::shared_ptr<nn::Module>& model = model_input.first;
+    const Tensor& x = model_input.second;
     CAPTURE(model->type_name());
     for (bool training : {false, true}) {
       CAPTURE(training);

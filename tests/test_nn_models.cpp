@@ -272,7 +272,10 @@ TEST_CASE("models: to(cpu:1) moves every parameter and buffer; outputs are uncha
   Tensor before = model(x);
   Tensor weight = find(model.named_parameters(), "fc.weight");
   model.to(Device("cpu:1"));
-  for (const auto& [name, t] : model.state_dict()) {
+  // Named elements, not structured bindings: CAPTURE is a lambda, and Clang 14 cannot capture those.
+  for (const auto& named : model.state_dict()) {
+    const std::string& name = named.first;
+    const Tensor& t = named.second;
     CAPTURE(name);
     CHECK(t.device() == Device("cpu:1"));
   }

@@ -439,7 +439,10 @@ void check_several_devices(Make make) {
     for (int d = 0; d < 2; ++d)
       for (const auto& [name, t] : (d == 0 ? *opt0 : *opt1).state_dict().tensors) split_state[std::to_string(d) + ":" + name] = t;
     size_t count = 0;
-    for (const auto& [name, t] : one.state_dict().tensors) {
+    // Named elements, not structured bindings: CAPTURE is a lambda, and Clang 14 cannot capture those.
+    for (const auto& named : one.state_dict().tensors) {
+      const std::string& name = named.first;
+      const Tensor& t = named.second;
       size_t dot = name.find('.');
       size_t i = std::stoul(name.substr(0, dot));
       auto [d, j] = where[i];
@@ -804,7 +807,10 @@ TEST_CASE("clip_grad_norm_: norms, clipping, parameters without grad") {
       double tol = dtype == DType::Float32 ? 1e-6 : 1e-13;
 
       // A large max_norm leaves the gradients exactly as they were.
-      double total = clip_grad_norm_(params, 10 * expected, p);
+      Tensor norm = clip_grad_norm_(params, 10 * expected, p);
+      CHECK(norm.dim() == 0);
+      CHECK(norm.dtype() == DType::Float64);
+      double total = norm.item();
       CHECK(total == doctest::Approx(expected).epsilon(tol));
       CHECK(values(params[0].grad()) == grads[0]);
       CHECK(values(params[1].grad()) == grads[1]);
@@ -812,7 +818,7 @@ TEST_CASE("clip_grad_norm_: norms, clipping, parameters without grad") {
 
       // A small one scales every gradient by max_norm / (total + 1e-6).
       double max_norm = 0.25 * expected;
-      total = clip_grad_norm_(params, max_norm, p);
+      total = clip_grad_norm_(params, max_norm, p).item();
       double coef = max_norm / (total + 1e-6);
       for (size_t i = 0; i < 2; ++i) {
         Vec scaled = grads[i];
@@ -850,8 +856,10 @@ TEST_CASE("clip_grad_norm_: gradients on two devices give the one-device norm an
       one.back().set_grad(grad.clone());
     }
     // No clipping: the norms alone.
-    const double expected = clip_grad_norm_(one, 1e30, p);
-    const double total = clip_grad_norm_(spread, 1e30, p);
+    const double expected = clip_grad_norm_(one, 1e30, p).item();
+    const Tensor spread_norm = clip_grad_norm_(spread, 1e30, p);
+    CHECK(spread_norm.device() == Device("cpu:1"));  // the first gradient's device
+    const double total = spread_norm.item();
     if (std::isinf(p))
       CHECK(total == expected);
     else
@@ -872,20 +880,20 @@ TEST_CASE("clip_grad_norm_: gradients on two devices give the one-device norm an
 
 TEST_CASE("clip_grad_norm_: several devices, large tensors, no grads, non-finite") {
   std::vector<Tensor> none = {make_param({3}, DType::Float64, 410)};
-  CHECK(clip_grad_norm_(none, 1.0) == 0.0);
+  CHECK(clip_grad_norm_(none, 1.0).item() == 0.0);
 
   Tensor a = make_param({4}, DType::Float64, 411);
   Tensor b = make_param({3}, DType::Float64, 412).to(Device("cpu:1")).detach().requires_grad_();
   a.set_grad(test::random({4}, DType::Float64, 413));
   b.set_grad(test::random({3}, DType::Float64, 414).to(Device("cpu:1")));
   double expected = naive_norm({values(a.grad()), values(b.grad())}, 2);
-  CHECK(clip_grad_norm_({a, b}, 1e9) == doctest::Approx(expected).epsilon(1e-14));
+  CHECK(clip_grad_norm_({a, b}, 1e9).item() == doctest::Approx(expected).epsilon(1e-14));
 
   auto norm_on = [](int threads) {
     set_num_threads(threads);
     Tensor big = make_param({100003}, DType::Float32, 415);
     big.set_grad(test::random({100003}, DType::Float32, 416));
-    return clip_grad_norm_({big}, 1e9, 3.0);
+    return clip_grad_norm_({big}, 1e9, 3.0).item();
   };
   double one = norm_on(1), two = norm_on(2);
   set_num_threads(2);
@@ -895,6 +903,16 @@ TEST_CASE("clip_grad_norm_: several devices, large tensors, no grads, non-finite
   c.set_grad(tensor(Vec{1.0, std::numeric_limits<double>::infinity(), 2.0}));
   CHECK_THROWS_WITH_AS(clip_grad_norm_({c}, 1.0, 2.0, true),
                        doctest::Contains("clip_grad_norm_: the total norm of order 2 of the gradients is inf"), Error);
+  CHECK(values(c.grad()) == Vec{1.0, std::numeric_limits<double>::infinity(), 2.0});  // nothing was scaled
+  // Without the flag, as PyTorch: an infinite norm scales by 0 (inf times 0 is NaN), a NaN
+  // norm makes every gradient NaN.
+  clip_grad_norm_({c}, 1.0);
+  for (double v : values(c.grad())) CHECK(std::isnan(v) == (v != 0.0));
+  CHECK(values(c.grad())[0] == 0.0);
+  Tensor d = make_param({2}, DType::Float64, 418);
+  d.set_grad(tensor(Vec{1.0, std::numeric_limits<double>::quiet_NaN()}));
+  CHECK(std::isnan(clip_grad_norm_({d}, 1.0).item()));
+  for (double v : values(d.grad())) CHECK(std::isnan(v));
   CHECK_THROWS_WITH_AS(clip_grad_norm_({c}, -1.0), doctest::Contains("max_norm must be >= 0, got -1"), Error);
   CHECK_THROWS_WITH_AS(clip_grad_norm_({c}, 1.0, 0.0), doctest::Contains("norm_type must be > 0 or INFINITY"), Error);
 }

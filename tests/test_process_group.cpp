@@ -54,7 +54,10 @@ TEST_CASE("env:// reads torchrun's, Slurm's and Open MPI's variables") {
                     {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(r)}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
                     {"MASTER_PORT", std::to_string(port + 1 < 65536 ? port + 1 : port - 1)}});
   }
-  for (const auto& [name, envs] : {std::pair{"Slurm", slurm}, std::pair{"Open MPI", ompi}}) {
+  // Named elements, not structured bindings: CAPTURE is a lambda, and Clang 14 cannot capture those.
+  for (const auto& named_envs : {std::pair{"Slurm", slurm}, std::pair{"Open MPI", ompi}}) {
+    const char* name = named_envs.first;
+    const std::vector<std::map<std::string, std::string>>& envs = named_envs.second;
     CAPTURE(name);
     auto outcomes = test::run_processes({worker, "identity"}, envs, std::chrono::seconds(60));
     test::check_all_ok(outcomes);

@@ -547,7 +547,8 @@ TEST_CASE("FileStore: a record half-written by a process that died is cut off by
   }
   {
     std::ofstream torn(path, std::ios::app | std::ios::binary);
-    torn.write("S\x05\x00\x00\x00ab", 7);  // a key of 5 bytes, 2 of them written
+    const char record[] = {'S', 5, 0, 0, 0, 'a', 'b'};  // a key of 5 bytes, 2 of them written
+    torn.write(record, sizeof record);
   }
   FileStore s(path, kTimeout);
   CHECK(s.get_string("a") == "1");

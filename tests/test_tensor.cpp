@@ -151,6 +151,19 @@ TEST_CASE("copies and conversions") {
   Tensor i = tensor(std::vector<double>{1.7, -2.2, 3.0}).to(DType::Int64);
   CHECK(i.to_vector<int64_t>() == std::vector<int64_t>{1, -2, 3});
 
+  // NaN and out-of-range values convert as the GPU converts them: saturated, NaN to 0
+  // (undefined behaviour in C++, INT_MIN on x86 before).
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  Tensor edge = tensor(std::vector<double>{nan, inf, -inf, 1e20, -1e20, 9.3e18, 2.9, -2.9, 255.5, 300});
+  CHECK(edge.to(DType::Int64).to_vector<int64_t>() ==
+        std::vector<int64_t>{0, INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN, INT64_MAX, 2, -2, 255, 300});
+  CHECK(edge.to(DType::Int32).to_vector<int32_t>() ==
+        std::vector<int32_t>{0, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, INT32_MAX, 2, -2, 255, 300});
+  CHECK(edge.to(DType::UInt8).to_vector<uint8_t>() == std::vector<uint8_t>{0, 255, 0, 255, 0, 255, 2, 0, 255, 255});
+  CHECK(edge.to(DType::Float32).to(DType::Int32).to_vector<int32_t>()[5] == INT32_MAX);
+  CHECK(edge.to(DType::Bool).to(DType::UInt8).to_vector<uint8_t>()[0] == 1);  // NaN != 0
+  CHECK(full({2}, nan, DType::Int64).to_vector<int64_t>() == std::vector<int64_t>{0, 0});
+
   Tensor dst = zeros({2, 3});
   dst.copy_(tensor(std::vector<int64_t>{1, 2, 3}));  // broadcasts, converts
   CHECK(dst.to_vector<float>() == std::vector<float>{1, 2, 3, 1, 2, 3});
@@ -198,4 +211,9 @@ TEST_CASE("printing") {
   CHECK(g.str().find("grad_fn=<AffineBackward>") != std::string::npos);
   CHECK(zeros({2000}).str().find("...") != std::string::npos);
   CHECK(Tensor().str() == "tensor(undefined)");
+  // Any NaN prints as nan, as in PyTorch: an empty mean's 0 / 0 is a negative NaN on x86.
+  Tensor empty_mean = mean(zeros({0}, DType::Float64));
+  CHECK(empty_mean.str() == "tensor(nan, shape=[], dtype=float64, device=cpu:0)");
+  CHECK(tensor({-std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}).str() ==
+        "tensor([-inf,  nan], dtype=float32, device=cpu:0)");
 }

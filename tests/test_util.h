@@ -58,7 +58,13 @@ inline std::string mismatch(const Tensor& actual, const Tensor& expected, double
   return "";
 }
 
-#define CHECK_CLOSE(actual, expected, atol, rtol) CHECK_MESSAGE(::weft::test::mismatch(actual, expected, atol, rtol) == "", ::weft::test::mismatch(actual, expected, atol, rtol))
+// The mismatch is named once: doctest's message is a lambda, and Clang 14 cannot capture a
+// structured binding passed as actual or expected.
+#define CHECK_CLOSE(actual, expected, atol, rtol)                                            \
+  do {                                                                                       \
+    const std::string weft_mismatch_ = ::weft::test::mismatch(actual, expected, atol, rtol); \
+    CHECK_MESSAGE(weft_mismatch_ == "", weft_mismatch_);                                     \
+  } while (0)
 
 #define CHECK_GRADCHECK(fn, inputs)                                   \
   do {                                                                \

@@ -16,6 +16,9 @@ common=(--data synthetic --model mlp --optimizer adam --lr 0.002 --batch-size 64
 grep -q "resumed from .* after epoch 1" "$dir/resume.log" || { echo "no resume line"; cat "$dir/resume.log"; exit 1; }
 cmp "$dir/straight.st" "$dir/resumed.st" || { echo "FAIL: a resumed run differs from an uninterrupted one"; exit 1; }
 
+value() {  # value FILE KEY: a string's text or a number, from the flat metrics JSON
+  sed -n -e "s/.*\"$2\": \"\([^\"]*\)\".*/\1/p" -e "t" -e "s/.*\"$2\": \([^,]*\),\{0,1\}$/\1/p" "$1"
+}
 for key in test_accuracy final_loss images_per_second epochs world_size mode device; do
   grep -q "\"$key\"" "$dir/metrics.json" || { echo "FAIL: metrics.json lacks $key"; cat "$dir/metrics.json"; exit 1; }
 done
@@ -42,6 +45,47 @@ expect_failure "device cpu:1 is given twice" --data synthetic --mode dp --device
 expect_failure "--mode dp takes --devices" --data synthetic --mode dp --device cpu:0
 expect_failure "--devices is for --mode dp" --data synthetic --devices cpu:0,cpu:1
 expect_failure "$dir/nowhere/t.json" --data synthetic --trace "$dir/nowhere/t.json"
+
+# Every numeric flag says in words what it accepts; a file given as --data-dir is named so.
+expect_failure "--epochs: must be a positive integer, got '0'" --data synthetic --epochs 0
+expect_failure "--lr: must be a number (a positive number), got 'fast'" --data synthetic --lr fast
+expect_failure "--seed: must be an integer from 0 to 2^64 - 1, got '-1'" --data synthetic --seed -1
+expect_failure "--device: must name a device such as cpu or cuda:0, got ''" --data synthetic --device ""
+expect_failure "--workers: must be an integer from 0 to 64, got '5000'" --data synthetic --workers 5000
+expect_failure "'$dir/metrics.json' is not a directory" --data-dir "$dir/metrics.json" --epochs 1
+
+# Output paths are checked before the work: no epoch runs when one cannot be written.
+for output in --checkpoint --metrics-json; do
+  expect_failure "cannot write '$dir/nowhere/out' (creating" --data synthetic --model mlp --no-progress \
+    $output "$dir/nowhere/out"
+  if grep -q "epoch 1/" "$dir/out.log"; then echo "FAIL: $output was checked only after training"; exit 1; fi
+done
+
+# Resuming goes on with the checkpoint's run: flags left out take its values, a different one
+# is refused, a new --lr applies with a note, and --epochs not above the checkpoint's trains
+# nothing, says so and reports the checkpoint's test accuracy.
+expect_failure "--seed 4 differs from the run being resumed" --data synthetic --seed 4 --epochs 3 \
+  --resume "$dir/straight.st"
+expect_failure "--batch-size 32 differs from the run being resumed ('$dir/straight.st' has --batch-size 64)" \
+  --data synthetic --batch-size 32 --epochs 3 --resume "$dir/straight.st"
+"$train" --data synthetic --no-progress --epochs 2 --resume "$dir/straight.st" --metrics-json "$dir/done.json" \
+  > "$dir/done.log"
+grep -q "nothing to train: '$dir/straight.st' has completed 2 epochs" "$dir/done.log" &&
+  grep -q "mlp on synthetic .* adam lr 0.002, batch 64" "$dir/done.log" ||
+  { echo "FAIL: resume with nothing to train:"; cat "$dir/done.log"; exit 1; }
+[ "$(value "$dir/done.json" final_loss)" = null ] && [ "$(value "$dir/done.json" test_accuracy)" != null ] &&
+  [ "$(value "$dir/done.json" epochs)" = 2 ] ||
+  { echo "FAIL: metrics of a resume with nothing to train:"; cat "$dir/done.json"; exit 1; }
+"$train" --data synthetic --no-progress --epochs 3 --resume "$dir/straight.st" --lr 0.001 > "$dir/lr.log"
+grep -q "lr 0.001 replaces the checkpoint's learning rate 0.002" "$dir/lr.log" &&
+  grep -q "adam lr 0.001" "$dir/lr.log" && grep -q "epoch 3/3" "$dir/lr.log" || { echo "FAIL: resume with a new --lr:"; cat "$dir/lr.log"; exit 1; }
+
+# A save interrupted by a kill leaves its temporary; the next save to that path removes it.
+sh -c 'exit 0' & dead_pid=$!
+wait $dead_pid || true
+touch "$dir/resumed.st.tmp.$dead_pid"
+"$train" "${common[@]}" --epochs 3 --resume "$dir/resumed.st" --checkpoint "$dir/resumed.st" > /dev/null
+[ ! -e "$dir/resumed.st.tmp.$dead_pid" ] || { echo "FAIL: a stale checkpoint temporary was left"; exit 1; }
 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 expect_failure "was started as rank 1 of 2" --data synthetic
 
 # --mode dp reaches the single-device accuracy at the same total batch (one epoch of the
@@ -52,9 +96,6 @@ mlp=("${data[@]}" --model mlp --epochs 1 --batch-size 100 --seed 1 --no-progress
 "$train" "${mlp[@]}" --device cpu --metrics-json "$dir/single.json" > /dev/null
 "$train" "${mlp[@]}" --mode dp --devices cpu:0,cpu:1 --metrics-json "$dir/dp.json" --trace "$dir/dp.trace.json" > /dev/null
 grep -q '"name":"replicate"' "$dir/dp.trace.json" || { echo "FAIL: --trace wrote no replicate spans"; exit 1; }
-value() {  # value FILE KEY: a string's text or a number, from the flat metrics JSON
-  sed -n -e "s/.*\"$2\": \"\([^\"]*\)\".*/\1/p" -e "t" -e "s/.*\"$2\": \([^,]*\),\{0,1\}$/\1/p" "$1"
-}
 [ "$(value "$dir/dp.json" mode)" = dp ] || { echo "FAIL: dp metrics say mode $(value "$dir/dp.json" mode)"; exit 1; }
 [ "$(value "$dir/dp.json" world_size)" = 2 ] || { echo "FAIL: dp metrics say world_size $(value "$dir/dp.json" world_size)"; exit 1; }
 [ "$(value "$dir/dp.json" device)" = "cpu:0,cpu:1" ] || { echo "FAIL: dp metrics say device $(value "$dir/dp.json" device)"; exit 1; }

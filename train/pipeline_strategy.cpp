@@ -27,6 +27,7 @@ PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options) : options_(s
 std::shared_ptr<nn::Module> PipelineStrategy::prepare(std::shared_ptr<nn::Module> model) {
   return std::make_shared<parallel::pipeline::Pipeline>(
       as_sequential(model), parallel::pipeline::PipelineOptions{.devices = options_.devices,
+                                                                .balance = {},
                                                                 .micro_batches = options_.micro_batches,
                                                                 .schedule = options_.schedule,
                                                                 .virtual_stages = options_.virtual_stages,

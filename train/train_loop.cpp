@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <tuple>
 
+#include "core/atomic_file.h"
 #include "core/autograd.h"
 #include "core/generator.h"
 #include "core/trace.h"
@@ -30,6 +32,9 @@ TrainLoop::TrainLoop(std::shared_ptr<nn::Module> model, std::shared_ptr<data::Da
       criterion_(std::move(criterion)), options_(std::move(options)) {
   WEFT_CHECK(model_ && train_loader_ && optimizer_ && criterion_, "TrainLoop: the model, the train loader, the "
              "optimizer and the criterion are required");
+  for (const auto& [key, value] : options_.checkpoint_metadata)
+    WEFT_CHECK(key != "format" && key != "epoch" && key.rfind("rng.", 0) != 0 && key.rfind("optimizer.", 0) != 0,
+               "TrainLoop: checkpoint_metadata key '", key, "' is reserved for the loop's own entries");
   if (!strategy_) strategy_ = std::make_shared<SingleDevice>();
   runner_ = strategy_->prepare(model_);
   train_loader_ = strategy_->shard(train_loader_, /*training=*/true);
@@ -123,10 +128,11 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
   std::ostream& log = log_stream(options_, *strategy_);
   const bool tracing = !options_.trace_path.empty();
   const std::string trace_path = trace_path_for_rank(options_.trace_path, strategy_->rank());
-  if (tracing) {
-    trace::check_writable(trace_path);  // before the work, not after it
-    trace::start();
-  }
+  // Output paths are checked before the work, not after it.
+  if (tracing) check_writable(trace_path, "trace::write");
+  if (!options_.checkpoint_path.empty() && strategy_->is_main_process())
+    check_writable(options_.checkpoint_path, "save_checkpoint");
+  if (tracing) trace::start();
   struct StopTracing {  // a fit() that throws still ends its recording
     bool on;
     ~StopTracing() {
@@ -184,13 +190,18 @@ Evaluation TrainLoop::evaluate(data::DataLoader& loader) {
   return e;
 }
 
+std::optional<Evaluation> TrainLoop::evaluate_test() {
+  if (!test_loader_) return std::nullopt;
+  return evaluate(*test_loader_);
+}
+
 // --- checkpoints ----------------------------------------------------------------------
 //
 // One safetensors file: "model.<name>" and "optimizer.<name>" tensors; metadata holds
-// the epoch, the optimizer's scalars and every default generator's state as
-// "rng.<device>.seed" and "rng.<device>.offset". Doubles are written with 17 significant
-// digits, which reads back to the same double. Format 1 (one generator: "rng.seed",
-// "rng.offset", for cpu:0) is still read.
+// the epoch, the optimizer's scalars, every default generator's state as
+// "rng.<device>.seed" and "rng.<device>.offset", and options.checkpoint_metadata. Doubles
+// are written with 17 significant digits, which reads back to the same double. Format 1
+// (one generator: "rng.seed", "rng.offset", for cpu:0) is still read.
 
 namespace {
 
@@ -273,6 +284,7 @@ void TrainLoop::save_checkpoint(const std::string& path) const {
     meta["rng." + device.str() + ".offset"] = std::to_string(gen->offset());
   }
   for (auto& [name, v] : state.scalars) meta["optimizer." + name] = exact(v);
+  meta.insert(options_.checkpoint_metadata.begin(), options_.checkpoint_metadata.end());
   save_safetensors(path, tensors, meta);
 }
 
@@ -292,10 +304,12 @@ void TrainLoop::resume(const std::string& path) {
     if (key.rfind("optimizer.", 0) == 0) optimizer_state.scalars[key.substr(10)] = parse_double(file.metadata, key, path);
   // Everything is read and checked before anything is changed.
   auto generators = read_generator_states(file.metadata, format->second, path);
-  const int epoch = static_cast<int>(parse_u64(file.metadata, "epoch", path));
+  const uint64_t epoch = parse_u64(file.metadata, "epoch", path);
+  WEFT_CHECK(epoch <= static_cast<uint64_t>(std::numeric_limits<int>::max()), "resume: checkpoint '", path,
+             "': metadata 'epoch' is ", epoch, ", more epochs than a run can have");
   model_->load_state_dict(model_state);
   optimizer_->load_state_dict(optimizer_state);
-  epoch_ = epoch;
+  epoch_ = static_cast<int>(epoch);
   for (auto& [device, seed, offset] : generators) {
     default_generator(device).manual_seed(seed);
     default_generator(device).set_offset(offset);

@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <iosfwd>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,6 +57,10 @@ class Callback {
 struct TrainLoopOptions {
   std::shared_ptr<Strategy> strategy;  // null: SingleDevice, on the model's device
   std::string checkpoint_path;  // written after every epoch when not empty (by the main process)
+  // Written into every checkpoint's metadata beside the loop's own entries (a program's
+  // run configuration: weft-train records its flags and checks them on resume). Keys must
+  // not be the loop's: "format", "epoch", "rng.*", "optimizer.*".
+  std::map<std::string, std::string> checkpoint_metadata;
   bool progress = true;         // per-step progress: a bar on a terminal, plain lines otherwise
   std::ostream* log = nullptr;  // where progress and epoch lines go (default std::cout)
   // fit() records a Chrome trace of its steps (core/trace.h: one row per device, spans for
@@ -77,6 +82,9 @@ class TrainLoop {
   // epoch's sum at its end: no extra read-back per step), before that epoch's checkpoint.
   std::vector<EpochResult> fit(int epochs);
   Evaluation evaluate(data::DataLoader& loader);
+  // The test loader given at construction (as the strategy shards it), as fit() evaluates it
+  // after an epoch; nullopt without one.
+  std::optional<Evaluation> evaluate_test();
   void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
 
   // Refuses (throws, leaving `path` as it was) when a weight is NaN or infinite.

@@ -4,16 +4,13 @@
 #include "core/copy.h"
 #include "kernels/cpu/backend.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/host_device_math.h"
 
 namespace weft {
 
 namespace {
 
-template <class To, class From>
-To convert(From v) {
-  if constexpr (std::is_same_v<To, bool>) return v != From(0);
-  else return static_cast<To>(v);
-}
+using hd::convert;  // Note [Converting between dtypes]
 
 void copy_kernel(const Tensor& src, const Tensor& dst) {
   if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous() && src.shape() == dst.shape()) {

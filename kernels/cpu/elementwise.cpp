@@ -5,6 +5,7 @@
 // one-element op (and the op_overhead benchmark) pays for.
 #include <cmath>
 #include <numbers>
+#include <type_traits>
 
 #include "kernels/cpu/backend.h"
 #include "kernels/cpu/loops.h"
@@ -70,7 +71,12 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
     case BinaryOp::Add: return binary_loop<T, T>(a, b, out, [](T x, T y) { return T(x + y); });
     case BinaryOp::Sub: return binary_loop<T, T>(a, b, out, [](T x, T y) { return T(x - y); });
     case BinaryOp::Mul: return binary_loop<T, T>(a, b, out, [](T x, T y) { return T(x * y); });
-    case BinaryOp::Div: return binary_loop<T, T>(a, b, out, [](T x, T y) { return T(x / y); });
+    case BinaryOp::Div:
+      // Integers: defined for x / 0 and INT_MIN / -1 (Note [Integer division by zero]).
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+        return binary_loop<T, T>(a, b, out, [](T x, T y) { return hd::int_div(x, y); });
+      else
+        return binary_loop<T, T>(a, b, out, [](T x, T y) { return T(x / y); });
     case BinaryOp::Pow: return binary_loop<T, T>(a, b, out, [](T x, T y) { return T(std::pow(x, y)); });
     case BinaryOp::Maximum:
       return binary_loop<T, T>(a, b, out, [](T x, T y) { return (x != x || x > y) ? x : y; });

@@ -19,7 +19,7 @@ namespace weft {
 
 namespace {
 
-IndexRange index_range_kernel(const Tensor& index, int64_t bound) {
+IndexRange index_range_kernel(const Tensor& index, int64_t bound, const char*, bool) {
   // One pass over int64 values is memory-bound and cheap next to the op it guards.
   const int64_t* p = static_cast<const int64_t*>(index.raw_data());
   const int64_t n = index.numel();

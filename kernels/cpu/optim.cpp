@@ -157,22 +157,25 @@ double norm_power_sum_typed(const TensorList& tensors, double norm_type) {
   return total;
 }
 
-double norm_power_sum_kernel(const TensorList& tensors, double norm_type) {
-  if (tensors.empty()) return 0;
-  return dispatch_dtype(tensors[0].dtype(), DTypeSet::Floating, "clip_grad_norm_", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (std::is_floating_point_v<T>) return norm_power_sum_typed<T>(tensors, norm_type);
-    return 0.0;
-  });
+void norm_power_sum_kernel(const TensorList& tensors, double norm_type, const Tensor& out) {
+  double total = 0;
+  if (!tensors.empty())
+    total = dispatch_dtype(tensors[0].dtype(), DTypeSet::Floating, "clip_grad_norm_", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_floating_point_v<T>) return norm_power_sum_typed<T>(tensors, norm_type);
+      return 0.0;
+    });
+  *out.data_ptr<double>() = total;
 }
 
-void multi_tensor_scale_kernel(const TensorList& tensors, double factor) {
-  if (tensors.empty()) return;
+void clip_scale_kernel(const TensorList& tensors, const Tensor& total_norm, double max_norm) {
+  const double coef = clip_coefficient(*total_norm.data_ptr<double>(), max_norm);
+  if (tensors.empty() || coef >= 1) return;  // a NaN factor is applied (clip_coefficient)
   dispatch_dtype(tensors[0].dtype(), DTypeSet::Floating, "clip_grad_norm_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_floating_point_v<T>) {
       const FlatIndex flat(tensors);
-      const T f = T(factor);
+      const T f = T(coef);
       cpu::parallel_for(0, flat.total(), cpu::kGrain, [&](int64_t begin, int64_t end) {
         flat.for_each_piece(begin, end, [&](size_t t, int64_t lo, int64_t hi) {
           T* x = ptr<T>(tensors[t]);
@@ -189,7 +192,7 @@ void cpu::register_optim_kernels() {
   sgd_step_stub.set(DeviceType::CPU, &sgd_step_kernel);
   adam_step_stub.set(DeviceType::CPU, &adam_step_kernel);
   norm_power_sum_stub.set(DeviceType::CPU, &norm_power_sum_kernel);
-  multi_tensor_scale_stub.set(DeviceType::CPU, &multi_tensor_scale_kernel);
+  clip_scale_stub.set(DeviceType::CPU, &clip_scale_kernel);
 }
 
 }  // namespace weft

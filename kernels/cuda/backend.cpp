@@ -3,6 +3,7 @@
 #include "kernels/cuda/backend.h"
 
 #include "core/device_backend.h"
+#include "kernels/cuda/device_error.h"
 #include "kernels/cuda/memory.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/stream.h"
@@ -42,16 +43,25 @@ class CudaBackend final : public DeviceBackend {
   int device_count() override { return cuda::device_count(); }
   int physical_device_count() override { return cuda::physical_device_count(); }
 
-  Allocator& allocator(Device device) override { return caching_allocator(device); }
+  Allocator& allocator(Device device) override { return device_allocator(device); }
   Allocator* pinned_allocator() override { return &pinned_host_allocator(); }
   void copy_with_host(const Tensor& src, const Tensor& dst) override { cuda::copy_with_host(src, dst); }
 
   void* default_stream(Device device) override { return compute_stream_handle(device); }
   void* upload_stream(Device device) override { return upload_stream_handle(device); }
   void* new_stream(Device device) override { return new_stream_handle(device); }
-  void synchronize_stream(Device device, void* stream) override { cuda::synchronize_stream(device, as_stream(stream)); }
+  // Every synchronisation that core asks for (Stream, Event and device synchronize, and
+  // through them item() and copies to the host) raises the device-side errors that
+  // kernels recorded (Note [Device-side errors]).
+  void synchronize_stream(Device device, void* stream) override {
+    cuda::synchronize_stream(device, as_stream(stream));
+    raise_pending_device_error();
+  }
   bool query_stream(Device, void* stream) override { return cuda::query_stream(as_stream(stream)); }
-  void synchronize_device(Device device) override { cuda::synchronize(device); }
+  void synchronize_device(Device device) override {
+    cuda::synchronize(device);
+    raise_pending_device_error();
+  }
 
   void* create_event(Device device, bool timing) override { return cuda::create_event(device, timing); }
   void destroy_event(void* event) noexcept override { cuda::destroy_event(as_event(event)); }
@@ -62,7 +72,10 @@ class CudaBackend final : public DeviceBackend {
     cuda::block_on_event(as_event(event), device, as_stream(stream));
   }
   bool query_event(void* event) override { return cuda::query_event(as_event(event)); }
-  void synchronize_event(void* event) override { cuda::synchronize_event(as_event(event)); }
+  void synchronize_event(void* event) override {
+    cuda::synchronize_event(as_event(event));
+    raise_pending_device_error();
+  }
   float elapsed_ms(void* start, void* end) override { return cuda::elapsed_ms(as_event(start), as_event(end)); }
   void record_stream(const Tensor& t, Device device, void* stream) override {
     cuda::record_stream(t, Stream(device, stream));

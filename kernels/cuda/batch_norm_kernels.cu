@@ -144,9 +144,10 @@ __global__ void __launch_bounds__(kReduceBlock)
   }
 }
 
-// Fills partials (a float64 tensor of 2 * channels * chunks values) with each chunk's sums.
+// Fills partials (a float64 tensor of 2 * channels * chunks values) with each chunk's sums;
+// `op` names the caller in a launch failure.
 template <class Terms>
-Tensor channel_sums(const Terms& terms, const Layout& l, Device device, cudaStream_t stream) {
+Tensor channel_sums(const char* op, const Terms& terms, const Layout& l, Device device, cudaStream_t stream) {
   Tensor partials = empty({2 * l.channels * l.chunks}, TensorOptions(DType::Float64, device));
   const int64_t blocks = l.channels * l.chunks;
   WEFT_CHECK(blocks <= INT32_MAX, "batch_norm: ", l.channels, " channels are more than a CUDA grid holds");
@@ -159,7 +160,7 @@ Tensor channel_sums(const Terms& terms, const Layout& l, Device device, cudaStre
     channel_sums_kernel<int64_t><<<static_cast<unsigned>(blocks), kReduceBlock, 0, stream>>>(
         terms, l.channels, l.spatial, l.per_channel(), l.chunks, l.chunk_len, out);
   }
-  WEFT_CUDA_CHECK_LAUNCH();
+  WEFT_CUDA_CHECK_LAUNCH(op, stream);
   return partials;
 }
 
@@ -174,7 +175,7 @@ __global__ void channel_map_kernel(Index n, Index spatial, Index channels, F f) 
 }
 
 template <class F>
-void for_each_element(const Layout& l, cudaStream_t stream, F f) {
+void for_each_element(const char* op, const Layout& l, cudaStream_t stream, F f) {
   const int64_t n = l.n * l.channels * l.spatial;
   if (n == 0) return;
   if (n <= INT32_MAX)
@@ -182,7 +183,7 @@ void for_each_element(const Layout& l, cudaStream_t stream, F f) {
                                                                            uint32_t(l.channels), f);
   else
     channel_map_kernel<int64_t><<<grid_size(n), kBlockSize, 0, stream>>>(n, l.spatial, l.channels, f);
-  WEFT_CUDA_CHECK_LAUNCH();
+  WEFT_CUDA_CHECK_LAUNCH(op, stream);
 }
 
 template <class T>
@@ -190,12 +191,12 @@ void stats_typed(const Tensor& input, const Tensor& mean, const Tensor& var, con
                  const Tensor& running_var, double momentum, cudaStream_t stream) {
   const Layout l(input);
   const T* x = input.data_ptr<T>();
-  const Tensor partials = channel_sums(StatsTerms<T>{x, l.spatial}, l, input.device(), stream);
+  const Tensor partials = channel_sums("batch_norm_stats", StatsTerms<T>{x, l.spatial}, l, input.device(), stream);
   const double* p = partials.data_ptr<double>();
   const ChannelOut<T> m_out(mean), v_out(var), rm(running_mean), rv(running_var);
   const int64_t chunks = l.chunks, spatial = l.spatial;
   const double count = static_cast<double>(l.per_channel());
-  for_each_index(l.channels, stream, [=] __device__(int64_t c) {
+  for_each_index("batch_norm_stats", l.channels, stream, [=] __device__(int64_t c) {
     double s1 = 0, s2 = 0;
     for (int64_t k = 0; k < chunks; ++k) {
       s1 += p[2 * (c * chunks + k)];
@@ -221,14 +222,14 @@ void forward_typed(const Tensor& input, const Tensor& mean, const Tensor& var, d
   T* k = constants.data_ptr<T>();
   const ChannelIn<T> m(mean, 0), v(var, 0), w(weight, 1), b(bias, 0);
   const int64_t channels = l.channels;
-  for_each_index(channels, stream, [=] __device__(int64_t c) {
+  for_each_index("batch_norm", channels, stream, [=] __device__(int64_t c) {
     k[c] = static_cast<T>(m[c]);
     k[channels + c] = static_cast<T>(batch_norm_scale(w[c], v[c], eps));
     k[2 * channels + c] = static_cast<T>(b[c]);
   });
   const T* x = input.data_ptr<T>();
   T* y = out.data_ptr<T>();
-  for_each_element(l, stream, [=] __device__(int64_t i, int64_t c) {
+  for_each_element("batch_norm", l, stream, [=] __device__(int64_t i, int64_t c) {
     y[i] = batch_norm_normalize(x[i], k[c], k[channels + c], k[2 * channels + c]);
   });
 }
@@ -244,7 +245,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& m
   const ChannelIn<T> m(mean, 0), v(var, 0), w(weight, 1);
   const bool need_sums = training || grad_weight.defined() || grad_bias.defined();
   Tensor partials;
-  if (need_sums) partials = channel_sums(BackwardTerms<T>{x, g, m}, l, device, stream);
+  if (need_sums) partials = channel_sums("batch_norm_backward", BackwardTerms<T>{x, g, m}, l, device, stream);
   const double* p = need_sums ? partials.data_ptr<double>() : nullptr;
 
   // Per channel: the parameter gradients, and grad_input = a * g + bx * (x - mu) + k,
@@ -255,7 +256,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& m
   const ChannelOut<T> gw(grad_weight), gb(grad_bias);
   const int64_t chunks = l.chunks, channels = l.channels;
   const double count = static_cast<double>(l.per_channel());
-  for_each_index(channels, stream, [=] __device__(int64_t c) {
+  for_each_index("batch_norm_backward", channels, stream, [=] __device__(int64_t c) {
     double sum_g = 0, sum_gd = 0;
     if (p)
       for (int64_t j = 0; j < chunks; ++j) {
@@ -274,7 +275,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& m
   });
   if (!need_input) return;
   T* gi = grad_input.data_ptr<T>();
-  for_each_element(l, stream, [=] __device__(int64_t i, int64_t c) {
+  for_each_element("batch_norm_backward", l, stream, [=] __device__(int64_t i, int64_t c) {
     const BatchNormInputGrad grad_of{k[c], k[channels + c], k[2 * channels + c]};
     gi[i] = static_cast<T>(grad_of(static_cast<double>(g[i]), static_cast<double>(x[i]) - k[3 * channels + c]));
   });

@@ -2,27 +2,11 @@
 #include "kernels/cuda/caching_allocator.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <iostream>
 
 #include "core/error.h"
 
 namespace weft::cuda {
-
-namespace {
-
-std::string format_bytes(int64_t bytes) {
-  char text[32];
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024 * 1024) std::snprintf(text, sizeof text, "%.2f TiB", b / (1024.0 * 1024 * 1024 * 1024));
-  else if (b >= 1024.0 * 1024 * 1024) std::snprintf(text, sizeof text, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  else if (b >= 1024.0 * 1024) std::snprintf(text, sizeof text, "%.2f MiB", b / (1024.0 * 1024));
-  else if (b >= 1024.0) std::snprintf(text, sizeof text, "%.2f KiB", b / 1024.0);
-  else std::snprintf(text, sizeof text, "%lld bytes", static_cast<long long>(bytes));
-  return text;
-}
-
-}  // namespace
 
 bool CachingAllocator::BySize::operator()(const Block* a, const Block* b) const {
   if (a->stream != b->stream) return a->stream < b->stream;
@@ -66,13 +50,29 @@ size_t CachingAllocator::segment_size(size_t rounded) {
 
 void* CachingAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (void* ptr = try_allocate(nbytes)) return ptr;
+  }
+  // Note [Out of memory on a shared GPU]: the relief locks every allocator of the GPU,
+  // this one included, one at a time, so it runs without this allocator's lock.
+  const std::string relief = relief_ ? relief_() : "after synchronising and emptying its own cache (" +
+                                                       format_bytes(synchronize_and_empty_cache()) + " given back)";
+  std::lock_guard lock(mutex_);
+  if (void* ptr = try_allocate(nbytes)) return ptr;
+  fail_out_of_memory(nbytes, relief);
+}
+
+// A block for nbytes from the pools or a new segment; nullptr when the device refuses
+// the segment even after this allocator's free segments went back to it.
+void* CachingAllocator::try_allocate(size_t nbytes) {
   const size_t size = round_size(nbytes);
   const bool small = size <= kSmallRequest;
-  std::lock_guard lock(mutex_);
   process_pending();
   const StreamId stream = memory_->current_stream();
   Block* block = find_free(size, stream, small);
-  if (block == nullptr) block = new_segment(size, nbytes, stream, small);
+  if (block == nullptr) block = new_segment(size, stream, small);
+  if (block == nullptr) return nullptr;
   block = split(block, size);
   block->allocated = true;
   block->requested = nbytes;
@@ -97,7 +97,7 @@ CachingAllocator::Block* CachingAllocator::find_free(size_t size, StreamId strea
   return block;
 }
 
-CachingAllocator::Block* CachingAllocator::new_segment(size_t size, size_t nbytes, StreamId stream, bool small) {
+CachingAllocator::Block* CachingAllocator::new_segment(size_t size, StreamId stream, bool small) {
   const size_t segment = segment_size(size);
   void* ptr = memory_->raw_allocate(segment);
   if (ptr == nullptr) {
@@ -105,7 +105,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t size, size_t nbyte
     release_free_segments();
     ptr = memory_->raw_allocate(segment);
   }
-  if (ptr == nullptr) fail_out_of_memory(nbytes, segment);
+  if (ptr == nullptr) return nullptr;
   reserved_ += static_cast<int64_t>(segment);
   Block* block = new Block;
   block->ptr = static_cast<char*>(ptr);
@@ -201,20 +201,28 @@ void CachingAllocator::process_pending() {
 
 // Kernels queued on a block's own stream may still use a free block; cudaFree waits for
 // the device to finish before it frees, so releasing a cached segment is always safe.
-void CachingAllocator::release_free_segments() {
+int64_t CachingAllocator::release_free_segments() {
+  int64_t released = 0;
   for (auto* pool : {&free_small_, &free_large_}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it;
       if (b->prev == nullptr && b->next == nullptr) {
-        memory_->raw_free(b->ptr);
-        reserved_ -= static_cast<int64_t>(b->size);
-        delete b;
+        released += static_cast<int64_t>(b->size);
         it = pool->erase(it);
+        release_segment(b);
       } else {
         ++it;
       }
     }
   }
+  return released;
+}
+
+// `block` is a whole free segment, already out of its pool.
+void CachingAllocator::release_segment(Block* block) {
+  memory_->raw_free(block->ptr);
+  reserved_ -= static_cast<int64_t>(block->size);
+  delete block;
 }
 
 void CachingAllocator::record_stream(void* ptr, StreamId stream) {
@@ -230,6 +238,33 @@ void CachingAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
   process_pending();
   release_free_segments();
+}
+
+int64_t CachingAllocator::synchronize_and_empty_cache() {
+  std::lock_guard lock(mutex_);
+  // After the device is idle every event has completed: blocks that waited for other
+  // streams are free, and may complete a wholly free segment.
+  memory_->synchronize_device();
+  process_pending();
+  return release_free_segments();
+}
+
+int64_t CachingAllocator::release_free_segment(void* ptr) {
+  if (ptr == nullptr) return 0;
+  std::lock_guard lock(mutex_);
+  process_pending();
+  for (auto* pool : {&free_small_, &free_large_}) {
+    for (auto it = pool->begin(); it != pool->end(); ++it) {
+      Block* b = *it;
+      if (b->ptr != ptr) continue;
+      if (b->prev != nullptr || b->next != nullptr) return 0;  // part of a segment in use
+      const auto released = static_cast<int64_t>(b->size);
+      pool->erase(it);
+      release_segment(b);
+      return released;
+    }
+  }
+  return 0;
 }
 
 int64_t CachingAllocator::cached_bytes() const {
@@ -253,11 +288,12 @@ void CachingAllocator::reset_peak() {
   peak_ = in_use_;
 }
 
-void CachingAllocator::fail_out_of_memory(size_t nbytes, size_t segment) {
+void CachingAllocator::fail_out_of_memory(size_t nbytes, const std::string& relief) {
+  const size_t segment = segment_size(round_size(nbytes));
   WEFT_FAIL("CUDA out of memory on ", device_, ": tried to allocate ", format_bytes(static_cast<int64_t>(nbytes)),
-            " (a segment of ", format_bytes(static_cast<int64_t>(segment)), "); ", format_bytes(in_use_),
-            " is in use by tensors and ", format_bytes(reserved_ - allocated_block_bytes_),
-            " is cached by weft but not free for this request (fragments or blocks awaiting other streams); ",
+            " (a segment of ", format_bytes(static_cast<int64_t>(segment)), ") ", relief, "; ", device_, " has ",
+            format_bytes(in_use_), " in use by tensors and ", format_bytes(reserved_ - allocated_block_bytes_),
+            " cached by weft but not free for this request (fragments of segments in use); ",
             memory_->describe_capacity());
 }
 

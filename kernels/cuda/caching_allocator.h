@@ -11,6 +11,10 @@
 // 2 MiB; a cached block larger than needed is split and the remainder stays cached, and
 // neighbours of one segment merge again when both are free.
 //
+// Out of memory, it empties its own cache and retries, then asks its relief (every
+// allocator of the same GPU synchronised and emptied, Note [Out of memory on a shared GPU])
+// and retries once more before it fails.
+//
 // The pool logic knows the device only through DeviceMemory (raw memory, streams,
 // events), so it is plain C++ and tested on machines without a GPU with a fake device.
 #pragma once
@@ -24,27 +28,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/allocator.h"
+#include "kernels/cuda/device_allocator.h"
 
 namespace weft::cuda {
 
-using StreamId = uintptr_t;  // a cudaStream_t as a number
-using EventId = void*;
-
-// What the cache needs from a device.
-class DeviceMemory {
- public:
-  virtual ~DeviceMemory() = default;
-  virtual void* raw_allocate(size_t nbytes) = 0;  // nullptr when the device is out of memory
-  virtual void raw_free(void* ptr) = 0;
-  virtual StreamId current_stream() = 0;
-  virtual EventId record_event(StreamId stream) = 0;  // completes when the stream's queued work has
-  virtual bool event_done(EventId event) = 0;
-  virtual void release_event(EventId event) = 0;
-  virtual std::string describe_capacity() = 0;  // e.g. "GPU 0 has 79.1 GiB, 12.0 GiB free"
-};
-
-class CachingAllocator final : public Allocator {
+class CachingAllocator final : public DeviceAllocator {
  public:
   static constexpr size_t kRound = 512;
   static constexpr size_t kSmallRequest = size_t{1} << 20;      // <= this: small pool
@@ -62,13 +50,12 @@ class CachingAllocator final : public Allocator {
   void reset_peak() override;
   Device device() const override { return device_; }
 
-  // The block at ptr (as returned by allocate) is also used by work on `stream`: when it
-  // is freed, it is reused only after that work is done.
-  void record_stream(void* ptr, StreamId stream);
-  // Returns every cached segment that is wholly free to the device.
-  void empty_cache();
-  // Bytes held from the device but not handed out (free blocks and blocks awaiting events).
-  int64_t cached_bytes() const;
+  void record_stream(void* ptr, StreamId stream) override;
+  void empty_cache() override;
+  int64_t synchronize_and_empty_cache() override;
+  int64_t release_free_segment(void* ptr) override;
+  int64_t cached_bytes() const override;
+  void set_out_of_memory_relief(OutOfMemoryRelief relief) override { relief_ = std::move(relief); }
 
   static size_t round_size(size_t nbytes);
   static size_t segment_size(size_t rounded);
@@ -94,16 +81,19 @@ class CachingAllocator final : public Allocator {
     Block* block;
   };
 
+  void* try_allocate(size_t nbytes);
   Block* find_free(size_t size, StreamId stream, bool small);
-  Block* new_segment(size_t size, size_t nbytes, StreamId stream, bool small);
+  Block* new_segment(size_t size, StreamId stream, bool small);
   Block* split(Block* block, size_t size);
   void free_block(Block* block);
   void process_pending();
-  void release_free_segments();
-  [[noreturn]] void fail_out_of_memory(size_t nbytes, size_t segment);
+  int64_t release_free_segments();
+  void release_segment(Block* block);
+  [[noreturn]] void fail_out_of_memory(size_t nbytes, const std::string& relief);
 
   Device device_;
   std::unique_ptr<DeviceMemory> memory_;
+  OutOfMemoryRelief relief_;
   mutable std::mutex mutex_;
   std::set<Block*, BySize> free_small_, free_large_;
   std::unordered_map<void*, Block*> allocated_;

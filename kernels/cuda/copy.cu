@@ -43,14 +43,15 @@ namespace {
 // inside the generic lambdas that dispatch_dtype calls.
 template <class To, class From>
 void launch_convert(const StridedIndexer<2>& ix, int64_t n, cudaStream_t stream) {
-  for_each_index(n, stream, [ix] __device__(int64_t i) {
+  for_each_index("copy_", n, stream, [ix] __device__(int64_t i) {
     *reinterpret_cast<To*>(ix.pointer(0, i)) = convert<To>(*reinterpret_cast<const From*>(ix.pointer(1, i)));
   });
 }
 
 template <class T>
 void launch_fill(const StridedIndexer<1>& ix, int64_t n, T value, cudaStream_t stream) {
-  for_each_index(n, stream, [ix, value] __device__(int64_t i) { *reinterpret_cast<T*>(ix.pointer(0, i)) = value; });
+  for_each_index("fill_", n, stream,
+                 [ix, value] __device__(int64_t i) { *reinterpret_cast<T*>(ix.pointer(0, i)) = value; });
 }
 
 // Same device (or a logical device on the same GPU), dst's stream.

@@ -83,7 +83,7 @@ void dropout_typed(const Tensor& input, const Tensor& mask, const Tensor& out, d
     const StridedIndexer<1> ix = make_indexer<1>(input.shape(), {&input});
     dropout_strided_kernel<T><<<grid_size(n), kBlockSize, 0, stream>>>(n, ix, m, o, rule);
   }
-  WEFT_CUDA_CHECK_LAUNCH();
+  WEFT_CUDA_CHECK_LAUNCH("dropout", stream);
 }
 
 void dropout_cuda(const Tensor& input, const Tensor& mask, const Tensor& out, double p) {

@@ -99,8 +99,14 @@ __device__ __forceinline__ T integer_pow(T base, T exponent) {
 template <class T> struct Add { __device__ T operator()(T x, T y) const { return T(x + y); } };
 template <class T> struct Sub { __device__ T operator()(T x, T y) const { return T(x - y); } };
 template <class T> struct Mul { __device__ T operator()(T x, T y) const { return T(x * y); } };
-// Integers divide with truncation toward zero, as in C++ (div() itself takes floats only).
-template <class T> struct Div { __device__ T operator()(T x, T y) const { return T(x / y); } };
+// Integers divide with truncation toward zero, and x / 0 and INT_MIN / -1 give the CPU's
+// defined results (Note [Integer division by zero]); div() itself takes floats only.
+template <class T> struct Div {
+  __device__ T operator()(T x, T y) const {
+    if constexpr (std::is_integral_v<T>) return hd::int_div(x, y);
+    else return T(x / y);
+  }
+};
 template <class T> struct Pow {
   __device__ T operator()(T x, T y) const {
     if constexpr (std::is_floating_point_v<T>) return math::pow(x, y);
@@ -276,9 +282,9 @@ __global__ void indexed_kernel(Index n, StridedIndexer<1 + sizeof...(In)> ix, F 
 }
 
 // out = f(inputs...) elementwise, the inputs broadcast to out's shape; out has type R
-// and input j type In_j.
+// and input j type In_j. `op` names the op in a launch failure.
 template <class R, class... In, class F>
-void launch(const Tensor& out, const std::array<const Tensor*, sizeof...(In)>& inputs, const F& f) {
+void launch(const char* op, const Tensor& out, const std::array<const Tensor*, sizeof...(In)>& inputs, const F& f) {
   constexpr int kIn = static_cast<int>(sizeof...(In));
   const int64_t n = out.numel();
   if (n == 0) return;
@@ -294,7 +300,7 @@ void launch(const Tensor& out, const std::array<const Tensor*, sizeof...(In)>& i
       }
       const int64_t packets = n / kLanes<R>;
       packet_kernel<F, R, kIn><<<grid_size(std::max<int64_t>(packets, 1)), kBlockSize, 0, stream>>>(n, ops, f);
-      WEFT_CUDA_CHECK_LAUNCH();
+      WEFT_CUDA_CHECK_LAUNCH(op, stream);
       return;
     }
   }
@@ -307,7 +313,7 @@ void launch(const Tensor& out, const std::array<const Tensor*, sizeof...(In)>& i
   } else {
     indexed_kernel<int64_t, F, R, In...><<<grid_size(n), kBlockSize, 0, stream>>>(n, ix, f);
   }
-  WEFT_CUDA_CHECK_LAUNCH();
+  WEFT_CUDA_CHECK_LAUNCH(op, stream);
 }
 
 // --- dispatch ----------------------------------------------------------------------------
@@ -317,29 +323,30 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
   const std::array<const Tensor*, 2> in{&a, &b};
   if constexpr (!std::is_same_v<T, bool>) {
     switch (op) {
-      case BinaryOp::Add: return launch<T, T, T>(out, in, Add<T>{});
-      case BinaryOp::Sub: return launch<T, T, T>(out, in, Sub<T>{});
-      case BinaryOp::Mul: return launch<T, T, T>(out, in, Mul<T>{});
-      case BinaryOp::Div: return launch<T, T, T>(out, in, Div<T>{});
-      case BinaryOp::Pow: return launch<T, T, T>(out, in, Pow<T>{});
-      case BinaryOp::Maximum: return launch<T, T, T>(out, in, Maximum<T>{});
-      case BinaryOp::Minimum: return launch<T, T, T>(out, in, Minimum<T>{});
-      case BinaryOp::ReluBackward: return launch<T, T, T>(out, in, ReluBackward<T>{});
-      case BinaryOp::SigmoidBackward: return launch<T, T, T>(out, in, SigmoidBackward<T>{});
-      case BinaryOp::TanhBackward: return launch<T, T, T>(out, in, TanhBackward<T>{});
+      case BinaryOp::Add: return launch<T, T, T>("add", out, in, Add<T>{});
+      case BinaryOp::Sub: return launch<T, T, T>("sub", out, in, Sub<T>{});
+      case BinaryOp::Mul: return launch<T, T, T>("mul", out, in, Mul<T>{});
+      case BinaryOp::Div: return launch<T, T, T>("div", out, in, Div<T>{});
+      case BinaryOp::Pow: return launch<T, T, T>("pow", out, in, Pow<T>{});
+      case BinaryOp::Maximum: return launch<T, T, T>("maximum", out, in, Maximum<T>{});
+      case BinaryOp::Minimum: return launch<T, T, T>("minimum", out, in, Minimum<T>{});
+      case BinaryOp::ReluBackward: return launch<T, T, T>("relu_backward", out, in, ReluBackward<T>{});
+      case BinaryOp::SigmoidBackward: return launch<T, T, T>("sigmoid_backward", out, in, SigmoidBackward<T>{});
+      case BinaryOp::TanhBackward: return launch<T, T, T>("tanh_backward", out, in, TanhBackward<T>{});
       case BinaryOp::GeluBackward:
-        if constexpr (std::is_floating_point_v<T>) return launch<T, T, T>(out, in, GeluBackward<T>{});
+        if constexpr (std::is_floating_point_v<T>)
+          return launch<T, T, T>("gelu_backward", out, in, GeluBackward<T>{});
         break;
       default: break;
     }
   }
   switch (op) {
-    case BinaryOp::Eq: return launch<bool, T, T>(out, in, Eq<T>{});
-    case BinaryOp::Ne: return launch<bool, T, T>(out, in, Ne<T>{});
-    case BinaryOp::Lt: return launch<bool, T, T>(out, in, Lt<T>{});
-    case BinaryOp::Le: return launch<bool, T, T>(out, in, Le<T>{});
-    case BinaryOp::Gt: return launch<bool, T, T>(out, in, Gt<T>{});
-    case BinaryOp::Ge: return launch<bool, T, T>(out, in, Ge<T>{});
+    case BinaryOp::Eq: return launch<bool, T, T>("eq", out, in, Eq<T>{});
+    case BinaryOp::Ne: return launch<bool, T, T>("ne", out, in, Ne<T>{});
+    case BinaryOp::Lt: return launch<bool, T, T>("lt", out, in, Lt<T>{});
+    case BinaryOp::Le: return launch<bool, T, T>("le", out, in, Le<T>{});
+    case BinaryOp::Gt: return launch<bool, T, T>("gt", out, in, Gt<T>{});
+    case BinaryOp::Ge: return launch<bool, T, T>("ge", out, in, Ge<T>{});
     default: break;
   }
   WEFT_FAIL("binary op ", static_cast<int>(op), " is not defined for dtype ", a.dtype());
@@ -354,23 +361,24 @@ template <class T>
 void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out, double p0, double p1) {
   const std::array<const Tensor*, 1> x{&in};
   switch (op) {
-    case UnaryOp::Neg: return launch<T, T>(out, x, Neg<T>{});
-    case UnaryOp::Abs: return launch<T, T>(out, x, Abs<T>{});
-    case UnaryOp::Sign: return launch<T, T>(out, x, Sign<T>{});
-    case UnaryOp::Relu: return launch<T, T>(out, x, Relu<T>{});
-    case UnaryOp::Affine: return launch<T, T>(out, x, Affine<T>{static_cast<T>(p0), static_cast<T>(p1)});
-    case UnaryOp::Clamp: return launch<T, T>(out, x, Clamp<T>{p0, p1});
+    case UnaryOp::Neg: return launch<T, T>("neg", out, x, Neg<T>{});
+    case UnaryOp::Abs: return launch<T, T>("abs", out, x, Abs<T>{});
+    case UnaryOp::Sign: return launch<T, T>("sign", out, x, Sign<T>{});
+    case UnaryOp::Relu: return launch<T, T>("relu", out, x, Relu<T>{});
+    case UnaryOp::Affine:
+      return launch<T, T>("add/sub/mul/div by a scalar", out, x, Affine<T>{static_cast<T>(p0), static_cast<T>(p1)});
+    case UnaryOp::Clamp: return launch<T, T>("clamp", out, x, Clamp<T>{p0, p1});
     default: break;
   }
   if constexpr (std::is_floating_point_v<T>) {
     switch (op) {
-      case UnaryOp::Exp: return launch<T, T>(out, x, Exp<T>{});
-      case UnaryOp::Log: return launch<T, T>(out, x, Log<T>{});
-      case UnaryOp::Sqrt: return launch<T, T>(out, x, Sqrt<T>{});
-      case UnaryOp::Sigmoid: return launch<T, T>(out, x, Sigmoid<T>{});
-      case UnaryOp::Tanh: return launch<T, T>(out, x, Tanh<T>{});
-      case UnaryOp::Gelu: return launch<T, T>(out, x, Gelu<T>{});
-      case UnaryOp::PowScalar: return launch<T, T>(out, x, PowScalar<T>{static_cast<T>(p0)});
+      case UnaryOp::Exp: return launch<T, T>("exp", out, x, Exp<T>{});
+      case UnaryOp::Log: return launch<T, T>("log", out, x, Log<T>{});
+      case UnaryOp::Sqrt: return launch<T, T>("sqrt", out, x, Sqrt<T>{});
+      case UnaryOp::Sigmoid: return launch<T, T>("sigmoid", out, x, Sigmoid<T>{});
+      case UnaryOp::Tanh: return launch<T, T>("tanh", out, x, Tanh<T>{});
+      case UnaryOp::Gelu: return launch<T, T>("gelu", out, x, Gelu<T>{});
+      case UnaryOp::PowScalar: return launch<T, T>("pow by a scalar", out, x, PowScalar<T>{static_cast<T>(p0)});
       default: break;
     }
   }
@@ -384,7 +392,7 @@ void unary_kernel(UnaryOp op, const Tensor& in, const Tensor& out, double p0, do
 
 template <class T>
 void where_typed(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
-  launch<T, bool, T, T>(out, {&cond, &a, &b}, Where<T>{});
+  launch<T, bool, T, T>("where", out, {&cond, &a, &b}, Where<T>{});
 }
 
 void where_kernel(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {

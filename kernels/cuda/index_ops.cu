@@ -1,11 +1,15 @@
 // CUDA kernels of the indexing family (contracts in kernels/index_ops_kernels.h).
 //
 // Bounds: the Tensor-level ops (kernels/index_ops.cpp) scan every index tensor with
-// index_range_stub, on the index's own device, and throw before any other kernel of the
-// op is launched; saved indices of a backward were scanned in its forward. So the
-// kernels below dereference indices unchecked, like the CPU ones, and index_range is the
-// GPU half of that check: a deterministic two-stage reduction whose result the host
-// waits for (the op needs it to throw).
+// index_range_stub, on the index's own device; saved indices of a backward were scanned
+// in its forward. On the GPU the scan is a deterministic two-stage reduction whose second
+// stage records the first index out of range (the smallest position) as a device-side
+// error (Note [Device-side errors], kernels/cuda/device_error_record.h): the host does not
+// wait for it, and the error is raised at its next synchronisation. So the op's kernels
+// run before anyone knows, and never dereference an index outside its range:
+// index_select and gather read 0 for it; index_add and scatter_add only ever add into
+// rows of their own range, which a bad index is in none of. Only one_hot without a class
+// count waits for the scan, whose maximum it needs.
 //
 // Note [Deterministic index_add / scatter_add on CUDA]: no atomics. Every destination
 // element has exactly one owning thread, which adds its contributions in index order,
@@ -30,6 +34,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/backend.h"
+#include "kernels/cuda/device_error.h"
 #include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/index_ops_kernels.h"
@@ -107,37 +112,56 @@ __global__ void __launch_bounds__(kRangeThreads)
   if (threadIdx.x == 0) partials[blockIdx.x] = r;
 }
 
+// What the host reads back when it waits for the scan (one_hot): min, max, first bad
+// position (-1: none) and its value.
+struct RangeResult {
+  int64_t min, max, first_bad, bad_value;
+};
+
+// Folds the partials; then either stores the result for the host (result != nullptr) or
+// records the first bad index as a device-side error.
 __global__ void __launch_bounds__(kRangeThreads)
-    index_range_final(const RangePartial* partials, int count, const int64_t* index, IndexRange* result) {
+    index_range_final(const RangePartial* partials, int count, const int64_t* index, int64_t bound,
+                      RangeResult* result, DeviceErrorSink sink, const char* op) {
   RangePartial r{LLONG_MAX, LLONG_MIN, LLONG_MAX};
   for (int i = threadIdx.x; i < count; i += kRangeThreads) r = fold(r, partials[i]);
   r = block_fold(r);
-  if (threadIdx.x == 0) {
-    const bool bad = r.first_bad != LLONG_MAX;
-    *result = IndexRange{r.min, r.max, bad ? r.first_bad : -1, bad ? index[r.first_bad] : 0};
-  }
+  if (threadIdx.x != 0) return;
+  const bool bad = r.first_bad != LLONG_MAX;
+  if (result != nullptr)
+    *result = RangeResult{r.min, r.max, bad ? r.first_bad : -1, bad ? index[r.first_bad] : 0};
+  else if (bad)
+    report_device_error(sink, DeviceErrorKind::IndexOutOfRange, op, index[r.first_bad], r.first_bad, bound);
 }
 
-IndexRange index_range_kernel(const Tensor& index, int64_t bound) {
+IndexRange index_range_kernel(const Tensor& index, int64_t bound, const char* op, bool need_values) {
   const Device device = index.device();
   DeviceGuard guard(device);
   cudaStream_t stream = stream_of(device);
   const int64_t n = index.numel();
   const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(n, kRangeThreads * 4), kRangeMaxBlocks));
   // Partials, then the result, in one int64 buffer (both are plain int64 records).
-  static_assert(sizeof(RangePartial) == 3 * sizeof(int64_t) && sizeof(IndexRange) == 4 * sizeof(int64_t));
+  static_assert(sizeof(RangePartial) == 3 * sizeof(int64_t) && sizeof(RangeResult) == 4 * sizeof(int64_t));
   Tensor scratch = empty({3 * int64_t{blocks} + 4}, TensorOptions(DType::Int64, device));
   auto* partials = static_cast<RangePartial*>(scratch.raw_data());
-  auto* device_result = reinterpret_cast<IndexRange*>(static_cast<int64_t*>(scratch.raw_data()) + 3 * blocks);
+  auto* device_result = reinterpret_cast<RangeResult*>(static_cast<int64_t*>(scratch.raw_data()) + 3 * blocks);
   const auto* values = static_cast<const int64_t*>(index.raw_data());
   index_range_partials<<<blocks, kRangeThreads, 0, stream>>>(values, n, bound, partials);
-  WEFT_CUDA_CHECK_LAUNCH();
-  index_range_final<<<1, kRangeThreads, 0, stream>>>(partials, blocks, values, device_result);
-  WEFT_CUDA_CHECK_LAUNCH();
-  IndexRange result;
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(&result, device_result, sizeof(IndexRange), cudaMemcpyDeviceToHost, stream));
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));  // the op throws on the result
-  return result;
+  WEFT_CUDA_CHECK_LAUNCH(op, stream);
+  index_range_final<<<1, kRangeThreads, 0, stream>>>(partials, blocks, values, bound,
+                                                     need_values ? device_result : nullptr,
+                                                     device_error_sink(device), op);
+  WEFT_CUDA_CHECK_LAUNCH(op, stream);
+  if (!need_values) {
+    IndexRange deferred;
+    deferred.deferred = true;
+    return deferred;
+  }
+  RangeResult result;
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(&result, device_result, sizeof(RangeResult), cudaMemcpyDeviceToHost, stream));
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));  // the op needs the values now
+  raise_pending_device_error();                     // a synchronisation like any other
+  return IndexRange{result.min, result.max, result.first_bad, result.bad_value};
 }
 
 // --- index_select ------------------------------------------------------------------
@@ -155,9 +179,13 @@ __global__ void __launch_bounds__(kSelectThreads)
   const int lane = threadIdx.x & (threads_per_row - 1);
   for (int64_t r = blockIdx.x * int64_t{rows_per_block} + (threadIdx.x >> row_shift); r < rows;
        r += int64_t{gridDim.x} * rows_per_block) {
-    const int64_t o = r / k, j = r - o * k;
-    const T* from = x + (o * n + index[j]) * inner;
+    const int64_t o = r / k, j = r - o * k, row = index[j];
     T* to = out + r * inner;
+    if (row < 0 || row >= n) {  // recorded by the range scan: read as zeros
+      for (int64_t c = lane; c < inner; c += threads_per_row) to[c] = T(0);
+      continue;
+    }
+    const T* from = x + (o * n + row) * inner;
     for (int64_t c = lane; c < inner; c += threads_per_row) to[c] = from[c];
   }
 }
@@ -175,7 +203,7 @@ void index_select_kernel(const Tensor& x, const Tensor& index, const Tensor& out
     index_select_rows<T><<<blocks, kSelectThreads, 0, stream>>>(
         static_cast<const T*>(x.raw_data()), static_cast<const int64_t*>(index.raw_data()),
         static_cast<T*>(out.raw_data()), rows, k, n, inner, row_shift);
-    WEFT_CUDA_CHECK_LAUNCH();
+    WEFT_CUDA_CHECK_LAUNCH("index_select", stream);
   });
 }
 
@@ -272,7 +300,7 @@ void index_add_kernel(const Tensor& src, const Tensor& index, const Tensor& out,
       index_add_owned<T, 4><<<blocks, kAddThreads, 0, stream>>>(s, idx, d, outer, n, k, inner, skip, parts, col_blocks);
     else
       index_add_owned<T, 1><<<blocks, kAddThreads, 0, stream>>>(s, idx, d, outer, n, k, inner, skip, parts, col_blocks);
-    WEFT_CUDA_CHECK_LAUNCH();
+    WEFT_CUDA_CHECK_LAUNCH("index_add", stream);
   });
 }
 
@@ -288,12 +316,14 @@ Tensor strided_as(const Tensor& t, const Shape& sizes, int64_t zero_dim) {
 
 // Position i of the index's shape: out[i] = x[x_base(i) + index[i] * step], where
 // x_base(i) is x's byte offset with the `dim` coordinate left out (index and out are
-// contiguous and share that shape).
+// contiguous and share that shape). An index outside [0, size) reads 0.
 template <class T>
-__global__ void __launch_bounds__(kBlockSize)
-    gather_elements(StridedIndexer<1> x_base, const int64_t* index, T* out, int64_t numel, int64_t step) {
-  for (int64_t i = blockIdx.x * int64_t{kBlockSize} + threadIdx.x; i < numel; i += int64_t{gridDim.x} * kBlockSize)
-    out[i] = *reinterpret_cast<const T*>(x_base.pointer(0, i) + index[i] * step);
+__global__ void __launch_bounds__(kBlockSize) gather_elements(StridedIndexer<1> x_base, const int64_t* index, T* out,
+                                                              int64_t numel, int64_t step, int64_t size) {
+  for (int64_t i = blockIdx.x * int64_t{kBlockSize} + threadIdx.x; i < numel; i += int64_t{gridDim.x} * kBlockSize) {
+    const int64_t at = index[i];
+    out[i] = at >= 0 && at < size ? *reinterpret_cast<const T*>(x_base.pointer(0, i) + at * step) : T(0);
+  }
 }
 
 void gather_kernel(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out) {
@@ -306,8 +336,8 @@ void gather_kernel(const Tensor& x, int64_t dim, const Tensor& index, const Tens
     using T = typename decltype(tag)::type;
     gather_elements<T><<<grid_size(numel), kBlockSize, 0, stream>>>(
         ix, static_cast<const int64_t*>(index.raw_data()), static_cast<T*>(out.raw_data()), numel,
-        x.strides()[dim] * static_cast<int64_t>(sizeof(T)));
-    WEFT_CUDA_CHECK_LAUNCH();
+        x.strides()[dim] * static_cast<int64_t>(sizeof(T)), x.shape()[dim]);
+    WEFT_CUDA_CHECK_LAUNCH("gather", stream);
   });
 }
 
@@ -360,14 +390,14 @@ void scatter_add_kernel(const Tensor& out, int64_t dim, const Tensor& index, con
   int64_t parts = 1;
   const int64_t target = resident_threads();
   if (len >= kMinScatterSplitLength && fibers < target)
-    parts = std::clamp<int64_t>(target / fibers, 1, std::min(rows, kMaxScatterParts));
+    parts = std::clamp<int64_t>(target / fibers, 1, std::max<int64_t>(1, std::min(rows, kMaxScatterParts)));
   const int blocks = grid_size(fibers * parts, kScatterThreads);
   dispatch_dtype(out.dtype(), DTypeSet::Numeric, "scatter_add", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t size = static_cast<int64_t>(sizeof(T));
     scatter_add_owned<T><<<blocks, kScatterThreads, 0, stream>>>(ix, fibers, parts, len, rows, index.strides()[dim],
                                                                  src.strides()[dim] * size, out.strides()[dim] * size);
-    WEFT_CUDA_CHECK_LAUNCH();
+    WEFT_CUDA_CHECK_LAUNCH("scatter_add", stream);
   });
 }
 

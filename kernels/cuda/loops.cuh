@@ -17,6 +17,7 @@
 #include "core/tensor.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/stream.h"
+#include "kernels/host_device_math.h"
 #include "kernels/operands.h"
 
 namespace weft::cuda {
@@ -70,24 +71,21 @@ __global__ void for_each_index_kernel(int64_t n, F f) {
     f(i);
 }
 
-// Calls the device lambda f(i) for i in [0, n) on `stream`; checks the launch. nvcc
-// rejects an extended __device__ lambda written inside a generic lambda (the callback of
-// dispatch_dtype): put the lambda in a named function template and call that instead.
+// Calls the device lambda f(i) for i in [0, n) on `stream`; checks the launch, naming
+// `op` (the caller's op: this loop serves many). nvcc rejects an extended __device__
+// lambda written inside a generic lambda (the callback of dispatch_dtype): put the lambda
+// in a named function template and call that instead.
 template <class F>
-void for_each_index(int64_t n, cudaStream_t stream, F f) {
+void for_each_index(const char* op, int64_t n, cudaStream_t stream, F f) {
   if (n <= 0) return;
   for_each_index_kernel<<<grid_size(n), kBlockSize, 0, stream>>>(n, f);
-  WEFT_CUDA_CHECK_LAUNCH();
+  WEFT_CUDA_CHECK_LAUNCH(op, stream);
 }
 
 // The stream ops on `device` launch on (the current stream of this thread).
 inline cudaStream_t stream_of(Device device) { return current_native_stream(device); }
 
-// Casts between weft's dtypes on the device (bool is "!= 0", as in the CPU copy).
-template <class To, class From>
-__host__ __device__ __forceinline__ To convert(From v) {
-  if constexpr (std::is_same_v<To, bool>) return v != From(0);
-  else return static_cast<To>(v);
-}
+// Casts between weft's dtypes, as the CPU casts (Note [Converting between dtypes]).
+using hd::convert;
 
 }  // namespace weft::cuda

@@ -14,10 +14,13 @@
 //                       block, partials folded in segment order by a second kernel.
 //
 // A target that is neither ignore_index nor in [0, C) is never used as an index here:
-// forward writes 0 for its position and reports the first such position (the smallest,
-// found with an integer atomicMin, so the answer does not depend on timing); backward
-// writes 0 where the CPU, trusting forward's check, would index with it. No floating
-// point atomics: every sum has a fixed order and is bitwise reproducible.
+// forward writes 0 for its position and finds the first such position (the smallest,
+// found with an integer atomicMin, so the answer does not depend on timing), which a
+// one-thread kernel then records as a device-side error (Note [Device-side errors],
+// kernels/cuda/device_error_record.h): the host raises it at its next synchronisation
+// instead of waiting for every loss. Backward writes 0 where the CPU, trusting forward's
+// check, would index with it. No floating point atomics: every sum has a fixed order and
+// is bitwise reproducible.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,6 +28,7 @@
 #include <limits>
 
 #include "kernels/cuda/backend.h"
+#include "kernels/cuda/device_error.h"
 #include "kernels/cuda/group_reduce.cuh"
 #include "kernels/cuda/loops.cuh"
 #include "kernels/cuda/online_softmax.cuh"
@@ -84,27 +88,38 @@ ClassView<T> class_view(const Tensor& target, const Tensor& weight, int64_t c, i
           weight.defined() ? static_cast<const T*>(weight.raw_data()) : nullptr, c, post, ignore_index};
 }
 
+constexpr unsigned long long kNoBadTarget = 0x7f7f7f7f7f7f7f7full;  // above any position
+
+// Records the bad target at the smallest position, if any, as a device-side error.
+__global__ void publish_bad_target(const unsigned long long* first_bad, const int64_t* target, int64_t c,
+                                   int64_t ignore_index, DeviceErrorSink sink, const char* op) {
+  const unsigned long long position = *first_bad;
+  if (position == kNoBadTarget) return;
+  const auto i = static_cast<int64_t>(position);
+  report_device_error(sink, DeviceErrorKind::TargetOutOfRange, op, target[i], i, c, ignore_index);
+}
+
 // The smallest position with a bad target, kept on the device (an integer atomicMin, so
-// the result does not depend on which thread comes first) and read back once at the end.
+// the result does not depend on which thread comes first), then published as a
+// device-side error by one thread: the host never waits for it.
 class FirstBad {
  public:
   FirstBad(Device device, cudaStream_t stream)
-      : flag_(empty({1}, TensorOptions(DType::Int64, device))), stream_(stream) {
-    WEFT_CUDA_CHECK(cudaMemsetAsync(flag_.raw_data(), 0x7f, sizeof(int64_t), stream_));  // kNone
+      : flag_(empty({1}, TensorOptions(DType::Int64, device))), stream_(stream), device_(device) {
+    WEFT_CUDA_CHECK(cudaMemsetAsync(flag_.raw_data(), 0x7f, sizeof(int64_t), stream_));  // kNoBadTarget
   }
   unsigned long long* data() const { return static_cast<unsigned long long*>(flag_.raw_data()); }
-  // The position, or -1; waits for the stream (the op returns this value to the host).
-  int64_t read() const {
-    unsigned long long host = 0;
-    WEFT_CUDA_CHECK(cudaMemcpyAsync(&host, flag_.raw_data(), sizeof(host), cudaMemcpyDeviceToHost, stream_));
-    WEFT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return host == kNone ? -1 : static_cast<int64_t>(host);
+  // After the forward kernel, on its stream; `op` is a string literal.
+  void publish(const char* op, const Tensor& target, int64_t c, int64_t ignore_index) const {
+    publish_bad_target<<<1, 1, 0, stream_>>>(data(), static_cast<const int64_t*>(target.raw_data()), c,
+                                             ignore_index, device_error_sink(device_), op);
+    WEFT_CUDA_CHECK_LAUNCH(op, stream_);
   }
 
  private:
-  static constexpr unsigned long long kNone = 0x7f7f7f7f7f7f7f7full;  // above any position
   Tensor flag_;
   cudaStream_t stream_;
+  Device device_;
 };
 
 __device__ __forceinline__ void report_bad(unsigned long long* first_bad, int64_t position) {
@@ -283,7 +298,7 @@ Tensor weight_total(const ClassView<T>& v, double smoothing, Device device, cuda
   if (smoothing == 0 || !v.weight) return Tensor();
   Tensor total = empty({1}, TensorOptions(DType::Float64, device));
   weight_total_kernel<T><<<1, kThreads, 0, stream>>>(v.weight, v.c, static_cast<double*>(total.raw_data()));
-  WEFT_CUDA_CHECK_LAUNCH();
+  WEFT_CUDA_CHECK_LAUNCH("cross_entropy (class weight total)", stream);
   return total;
 }
 
@@ -357,9 +372,10 @@ int64_t nll_loss_kernel(const Tensor& log_probs, const Tensor& target, const Ten
         class_view<T>(target, weight, c, post, ignore_index), static_cast<const T*>(log_probs.raw_data()), positions,
         static_cast<T*>(loss.raw_data()),
         target_weight.defined() ? static_cast<T*>(target_weight.raw_data()) : nullptr, first_bad.data());
-    WEFT_CUDA_CHECK_LAUNCH();
+    WEFT_CUDA_CHECK_LAUNCH("nll_loss", stream);
   });
-  return first_bad.read();
+  first_bad.publish("nll_loss", target, c, ignore_index);
+  return -1;  // a bad target is raised at the next synchronisation
 }
 
 void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, const Tensor& weight, int64_t n, int64_t c,
@@ -375,7 +391,7 @@ void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, const Te
       nll_backward_kernel<T, I><<<grid_size(elements), kThreads, 0, stream>>>(
           class_view<T>(target, weight, c, post, ignore_index), static_cast<const T*>(grad.raw_data()),
           grad.numel() == 1, elements, static_cast<T*>(grad_log_probs.raw_data()));
-      WEFT_CUDA_CHECK_LAUNCH();
+      WEFT_CUDA_CHECK_LAUNCH("nll_loss_backward", stream);
     };
     if (elements <= kMaxUint32Index) launch(TypeTag<uint32_t>{});
     else launch(TypeTag<int64_t>{});
@@ -411,9 +427,10 @@ int64_t cross_entropy_kernel(const Tensor& logits, const Tensor& target, const T
     } else {
       cross_entropy_rows_kernel<T, kThreads><<<grid_for(positions), kThreads, 0, stream>>>(f, positions);
     }
-    WEFT_CUDA_CHECK_LAUNCH();
+    WEFT_CUDA_CHECK_LAUNCH("cross_entropy", stream);
   });
-  return first_bad.read();
+  first_bad.publish("cross_entropy", target, c, ignore_index);
+  return -1;  // a bad target is raised at the next synchronisation
 }
 
 void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, const Tensor& target,
@@ -433,7 +450,7 @@ void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, con
           v, static_cast<const T*>(grad.raw_data()), grad.numel() == 1, static_cast<const T*>(logits.raw_data()),
           static_cast<const double*>(lse.raw_data()), label_smoothing, data_or_null(total), elements,
           static_cast<T*>(grad_logits.raw_data()));
-      WEFT_CUDA_CHECK_LAUNCH();
+      WEFT_CUDA_CHECK_LAUNCH("cross_entropy_backward", stream);
     };
     if (elements <= kMaxUint32Index) launch(TypeTag<uint32_t>{});
     else launch(TypeTag<int64_t>{});
@@ -453,7 +470,7 @@ void mse_loss_kernel(const Tensor& input, const Tensor& target, Reduction reduct
     if (reduction == Reduction::None) {
       if (n == 0) return;
       squared_error_kernel<T><<<grid_size(n), kThreads, 0, stream>>>(a, b, n, dst);
-      WEFT_CUDA_CHECK_LAUNCH();
+      WEFT_CUDA_CHECK_LAUNCH("mse_loss", stream);
       return;
     }
     // The segment length depends only on the dtype, so the summation order only on n.
@@ -464,11 +481,11 @@ void mse_loss_kernel(const Tensor& input, const Tensor& target, Reduction reduct
     if (segments > 0) {
       squared_error_partial_kernel<T><<<grid_for(segments), kThreads, 0, stream>>>(a, b, n, seg_len, segments,
                                                                                    partial_data);
-      WEFT_CUDA_CHECK_LAUNCH();
+      WEFT_CUDA_CHECK_LAUNCH("mse_loss", stream);
     }
     squared_error_total_kernel<T><<<1, kThreads, 0, stream>>>(partial_data, segments, n, reduction == Reduction::Mean,
                                                               dst);
-    WEFT_CUDA_CHECK_LAUNCH();
+    WEFT_CUDA_CHECK_LAUNCH("mse_loss", stream);
   });
 }
 
@@ -486,7 +503,7 @@ void mse_loss_backward_kernel(const Tensor& grad, const Tensor& input, const Ten
         static_cast<const T*>(target.raw_data()), static_cast<T>(2 * scale), n,
         grad_input.defined() ? static_cast<T*>(grad_input.raw_data()) : nullptr,
         grad_target.defined() ? static_cast<T*>(grad_target.raw_data()) : nullptr);
-    WEFT_CUDA_CHECK_LAUNCH();
+    WEFT_CUDA_CHECK_LAUNCH("mse_loss_backward", stream);
   });
 }
 

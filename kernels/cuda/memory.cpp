@@ -1,12 +1,11 @@
-// The CUDA side of the caching allocator (cudaMalloc, streams, events) and the pinned
-// host allocator.
+// The CUDA side of the device allocators (cudaMalloc, streams, events), the process's
+// table of them, and the pinned host allocator.
 #include "kernels/cuda/memory.h"
 
 #include <cuda_runtime_api.h>
 
-#include <array>
-#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -14,13 +13,24 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/allocator_table.h"
+#include "kernels/cuda/caching_allocator.h"
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/device_plan.h"
+#include "kernels/cuda/direct_allocator.h"
 #include "kernels/cuda/runtime.h"
 
 namespace weft::cuda {
 
 namespace {
+
+// Tensors that outlive the CUDA runtime at exit (statics destroyed after it) are freed
+// with the context anyway: the direct allocator's frees then have nothing left to do.
+bool runtime_unloading() {
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaErrorCudartUnloading) return false;
+  cudaGetLastError();
+  return true;
+}
 
 class CudaDeviceMemory final : public DeviceMemory {
  public:
@@ -39,6 +49,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
 
   void raw_free(void* ptr) override {
+    if (runtime_unloading()) return;
     DeviceGuard guard(device_);
     WEFT_CUDA_CHECK(cudaFree(ptr));
   }
@@ -65,6 +76,17 @@ class CudaDeviceMemory final : public DeviceMemory {
 
   void release_event(EventId event) override { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
 
+  void synchronize_stream(StreamId stream) override {
+    if (runtime_unloading()) return;
+    DeviceGuard guard(device_);
+    WEFT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
+  }
+
+  void synchronize_device() override {
+    DeviceGuard guard(device_);
+    WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
   std::string describe_capacity() override {
     DeviceGuard guard(device_);
     size_t free_bytes = 0, total_bytes = 0;
@@ -83,14 +105,31 @@ class CudaDeviceMemory final : public DeviceMemory {
   int physical_;
 };
 
-struct Allocators {
-  std::array<std::atomic<CachingAllocator*>, kMaxLogicalDevices> by_index{};
-  std::mutex mutex;
-};
+// WEFT_CUDA_ALLOCATOR, read when the first device allocator is made. A malformed value is
+// an error at every CUDA allocation (a function-local static whose initialiser throws is
+// tried again), never a silent default.
+AllocatorKind process_allocator_kind() {
+  static const AllocatorKind kind = [] {
+    const AllocatorKind k = allocator_kind(std::getenv("WEFT_CUDA_ALLOCATOR"));
+    if (k == AllocatorKind::Direct)
+      std::cerr << "weft: CUDA: WEFT_CUDA_ALLOCATOR=direct: one cudaMalloc / cudaFree per block, no cache (slow; "
+                   "meant for compute-sanitizer)\n";
+    return k;
+  }();
+  return kind;
+}
 
-Allocators& allocators() {
-  static Allocators* a = new Allocators;  // never destroyed: tensors may outlive static teardown
-  return *a;
+AllocatorTable& allocators() {
+  // Never destroyed: tensors may outlive static teardown.
+  static AllocatorTable* table = new AllocatorTable(
+      [](Device device) -> std::unique_ptr<DeviceAllocator> {
+        auto memory = std::make_unique<CudaDeviceMemory>(device);
+        if (process_allocator_kind() == AllocatorKind::Direct)
+          return std::make_unique<DirectAllocator>(device, std::move(memory));
+        return std::make_unique<CachingAllocator>(device, std::move(memory));
+      },
+      [](Device device) { return physical_device(device); });
+  return *table;
 }
 
 // Pinned host blocks are cached by their size rounded up to a power of two, which keeps
@@ -213,17 +252,7 @@ PinnedHostAllocator& pinned() {
 
 }  // namespace
 
-CachingAllocator& caching_allocator(Device device) {
-  physical_device(device);  // a clear error for a CPU device or an index out of range
-  Allocators& a = allocators();
-  if (CachingAllocator* existing = a.by_index[device.index].load(std::memory_order_acquire)) [[likely]]
-    return *existing;
-  std::lock_guard lock(a.mutex);
-  if (CachingAllocator* existing = a.by_index[device.index].load(std::memory_order_relaxed)) return *existing;
-  auto* created = new CachingAllocator(device, std::make_unique<CudaDeviceMemory>(device));
-  a.by_index[device.index].store(created, std::memory_order_release);
-  return *created;
-}
+DeviceAllocator& device_allocator(Device device) { return allocators().get(device); }
 
 void record_stream(const Tensor& t, const Stream& stream) {
   WEFT_CHECK(t.device().is_cuda(), "record_stream: expected a CUDA tensor, got one on ", t.device());
@@ -231,10 +260,10 @@ void record_stream(const Tensor& t, const Stream& stream) {
   // same GPU is fine, one on another GPU is not.
   WEFT_CHECK(physical_device(stream.device()) == physical_device(t.device()), "record_stream: the stream belongs to ",
              stream.device(), " but the tensor lives on ", t.device(), ", on another GPU");
-  caching_allocator(t.device()).record_stream(t.storage()->data(), reinterpret_cast<StreamId>(stream.handle()));
+  device_allocator(t.device()).record_stream(t.storage()->data(), reinterpret_cast<StreamId>(stream.handle()));
 }
 
-void empty_cache(Device device) { caching_allocator(device).empty_cache(); }
+void empty_cache(Device device) { device_allocator(device).empty_cache(); }
 
 Allocator& pinned_host_allocator() { return pinned(); }
 bool is_pinned(const void* ptr) { return ptr != nullptr && pinned().owns(ptr); }

@@ -1,16 +1,18 @@
-// Device memory of the CUDA backend: each logical device's caching allocator, the
-// record_stream / empty_cache entry points, and the pinned host allocator.
+// Device memory of the CUDA backend: each logical device's allocator, the record_stream /
+// empty_cache entry points, and the pinned host allocator.
 #pragma once
 
 #include "core/tensor.h"
-#include "kernels/cuda/caching_allocator.h"
+#include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/stream.h"
 
 namespace weft::cuda {
 
-// The allocator of a logical CUDA device (created on first use; one pool per device,
-// also when several logical devices share a GPU).
-CachingAllocator& caching_allocator(Device device);
+// The allocator of a logical CUDA device, created on first use: one per logical device, also
+// when several share a GPU (they relieve each other out of memory, allocator_table.h). A
+// CachingAllocator, or a DirectAllocator under WEFT_CUDA_ALLOCATOR=direct (an unknown value
+// is an error naming the variable).
+DeviceAllocator& device_allocator(Device device);
 
 // t's memory is also used by work queued on `stream` (PyTorch's Tensor.record_stream):
 // when t's storage is freed, its block is not reused before that work is done. The

@@ -17,8 +17,8 @@
 // explicitly, so the GPU equals a CPU build with FMA instructions bit for bit, and one
 // without them to a rounding per multiply-add (Note [Fused multiply-add in shared
 // formulas]). The norm is a deterministic two-stage reduction in float64: a fixed tree
-// per chunk, then one block over the chunk partials in order; the host waits for the
-// single double it returns.
+// per chunk, then one block over the chunk partials in order, into a device buffer that
+// the clipping kernel reads (no host synchronisation: kernels/optim_kernels.h).
 #include <cuda_runtime.h>
 
 #include <array>
@@ -113,11 +113,12 @@ __global__ void __launch_bounds__(kThreads) multi_tensor_apply(Batch batch, Op o
   op(batch, t, begin + threadIdx.x, end);
 }
 
+// `name`: the op's name, for a launch failure.
 template <class Batch, class Op>
-void launch_apply(const Batch& batch, int64_t blocks, const Op& op, cudaStream_t stream) {
+void launch_apply(const char* name, const Batch& batch, int64_t blocks, const Op& op, cudaStream_t stream) {
   static_assert(sizeof(Batch) + sizeof(Op) <= kMaxArgBytes, "a multi-tensor launch argument exceeds 4 KiB");
   multi_tensor_apply<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(batch, op);
-  WEFT_CUDA_CHECK_LAUNCH();
+  WEFT_CUDA_CHECK_LAUNCH(name, stream);
 }
 
 // --- SGD ---------------------------------------------------------------------------
@@ -148,7 +149,7 @@ void sgd_step_kernel(const TensorList& params, const TensorList& grads, const Te
     const SgdUpdate<T> op{SgdRule<T>::from(h)};
     for_each_batch<3, uint8_t>(
         {&params, &grads, &bufs}, [&](size_t i) -> uint8_t { return use_momentum ? new_buffer[i] : 0; },
-        [&](const SgdBatch& batch, int64_t blocks) { launch_apply(batch, blocks, op, stream); });
+        [&](const SgdBatch& batch, int64_t blocks) { launch_apply("SGD.step", batch, blocks, op, stream); });
   });
 }
 
@@ -185,7 +186,7 @@ void adam_step_kernel(const TensorList& params, const TensorList& grads, const T
     const AdamUpdate<T> op{AdamRule<T>::from(h)};
     for_each_batch<5, AdamStepScalars>(
         {&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, scalars_of,
-        [&](const AdamBatch& batch, int64_t blocks) { launch_apply(batch, blocks, op, stream); });
+        [&](const AdamBatch& batch, int64_t blocks) { launch_apply("Adam.step", batch, blocks, op, stream); });
   });
 }
 
@@ -271,26 +272,26 @@ void launch_norm(const NormLaunch& n) {
                              [&](const PlainBatch& batch, int64_t blocks) {
                                norm_partials<T, kKind><<<static_cast<unsigned>(blocks), kThreads, 0, n.stream>>>(
                                    batch, n.norm_type, n.partials + offset);
-                               WEFT_CUDA_CHECK_LAUNCH();
+                               WEFT_CUDA_CHECK_LAUNCH("clip_grad_norm_ (norm)", n.stream);
                                offset += blocks;
                              });
   norm_final<kKind><<<1, kThreads, 0, n.stream>>>(n.partials, n.count, n.result);
-  WEFT_CUDA_CHECK_LAUNCH();
+  WEFT_CUDA_CHECK_LAUNCH("clip_grad_norm_ (norm)", n.stream);
 }
 
-double norm_power_sum_kernel(const TensorList& tensors, double norm_type) {
-  if (tensors.empty()) return 0;
-  const Device device = tensors[0].device();
+void norm_power_sum_kernel(const TensorList& tensors, double norm_type, const Tensor& out) {
+  const Device device = out.device();
   DeviceGuard guard(device);
   cudaStream_t stream = stream_of(device);
   int64_t chunks = 0;
   for (const Tensor& t : tensors) chunks += ceil_div(t.numel(), kChunk);
-  if (chunks == 0) return 0;
-  // The partials, then the result.
-  Tensor scratch = empty({chunks + 1}, TensorOptions(DType::Float64, device));
-  double* partials = static_cast<double*>(scratch.raw_data());
-  double* device_result = partials + chunks;
-  const NormLaunch launch{tensors, norm_type, partials, chunks, device_result, stream};
+  if (chunks == 0) {
+    WEFT_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, sizeof(double), stream));  // +0.0
+    return;
+  }
+  Tensor partials_buffer = empty({chunks}, TensorOptions(DType::Float64, device));
+  double* partials = static_cast<double*>(partials_buffer.raw_data());
+  const NormLaunch launch{tensors, norm_type, partials, chunks, static_cast<double*>(out.raw_data()), stream};
   const NormKind kind = std::isinf(norm_type) ? NormKind::Max
                         : norm_type == 1      ? NormKind::Abs
                         : norm_type == 2      ? NormKind::Square
@@ -304,34 +305,37 @@ double norm_power_sum_kernel(const TensorList& tensors, double norm_type) {
       case NormKind::Power: launch_norm<T, NormKind::Power>(launch); break;
     }
   });
-  double result = 0;
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(&result, device_result, sizeof(double), cudaMemcpyDeviceToHost, stream));
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));  // the caller reads the norm next
-  return result;
 }
 
 // --- scale ---------------------------------------------------------------------------
 
+// The factor is computed from the norm where it lies, by every thread (one division): no
+// host round trip, and when there is nothing to clip, no gradient is read or written.
 template <class T>
-struct ScaleUpdate {
-  T factor;
+struct ClipScaleUpdate {
+  const double* total_norm;
+  double max_norm;
 
   __device__ void operator()(const PlainBatch& batch, int t, int64_t first, int64_t end) const {
+    const double coef = clip_coefficient(*total_norm, max_norm);
+    if (coef >= 1) return;  // a NaN factor is applied (clip_coefficient)
+    const T factor = T(coef);
     T* __restrict__ x = static_cast<T*>(batch.data[0][t]);
     for (int64_t i = first; i < end; i += kThreads) x[i] = x[i] * factor;
   }
 };
 
-void multi_tensor_scale_kernel(const TensorList& tensors, double factor) {
+void clip_scale_kernel(const TensorList& tensors, const Tensor& total_norm, double max_norm) {
   if (tensors.empty()) return;
   DeviceGuard guard(tensors[0].device());
   cudaStream_t stream = stream_of(tensors[0].device());
   dispatch_floating(tensors[0].dtype(), "clip_grad_norm_", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const ScaleUpdate<T> op{T(factor)};
-    for_each_batch<1, NoExtra>(
-        {&tensors}, [](size_t) { return NoExtra{}; },
-        [&](const PlainBatch& batch, int64_t blocks) { launch_apply(batch, blocks, op, stream); });
+    const ClipScaleUpdate<T> op{static_cast<const double*>(total_norm.raw_data()), max_norm};
+    for_each_batch<1, NoExtra>({&tensors}, [](size_t) { return NoExtra{}; },
+                               [&](const PlainBatch& batch, int64_t blocks) {
+                                 launch_apply("clip_grad_norm_ (scale)", batch, blocks, op, stream);
+                               });
   });
 }
 
@@ -341,7 +345,7 @@ void register_optim_kernels() {
   sgd_step_stub.set(DeviceType::CUDA, &sgd_step_kernel);
   adam_step_stub.set(DeviceType::CUDA, &adam_step_kernel);
   norm_power_sum_stub.set(DeviceType::CUDA, &norm_power_sum_kernel);
-  multi_tensor_scale_stub.set(DeviceType::CUDA, &multi_tensor_scale_kernel);
+  clip_scale_stub.set(DeviceType::CUDA, &clip_scale_kernel);
 }
 
 }  // namespace weft::cuda

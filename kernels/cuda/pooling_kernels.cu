@@ -84,7 +84,7 @@ void launch_max_pool(const Tensor& input, const Tensor& out, const Tensor& indic
   int64_t* idx = indices.data_ptr<int64_t>();
   const int64_t kh = g.kernel[0], kw = g.kernel[1], sh = g.stride[0], sw = g.stride[1];
   const int64_t ph = g.padding[0], pw = g.padding[1], dh = g.dilation[0], dw = g.dilation[1];
-  for_each_index(out.numel(), stream, [=] __device__(int64_t i) {
+  for_each_index("max_pool2d", out.numel(), stream, [=] __device__(int64_t i) {
     const int64_t j = i % ow, r = (i / ow) % oh, p = i / (ow * oh);
     const T* plane = src + in.plane(p);
     const Window rows = max_window(r, in.height, kh, sh, ph, dh);
@@ -168,7 +168,7 @@ void launch_max_pool_backward(const Tensor& grad_out, const Tensor& indices, con
   if (planes == 0 || plane_out == 0) return;
   scatter_max_grad<T><<<grid_size(planes * kWarp), kBlockSize, 0, stream>>>(
       grad_out.data_ptr<T>(), indices.data_ptr<int64_t>(), grad_input.data_ptr<T>(), planes, plane_out, plane_in);
-  WEFT_CUDA_CHECK_LAUNCH();
+  WEFT_CUDA_CHECK_LAUNCH("max_pool2d_backward", stream);
 }
 
 template <class T>
@@ -180,7 +180,7 @@ void launch_avg_pool(const Tensor& input, const Tensor& out, const Pool2dGeometr
   T* dst = out.data_ptr<T>();
   const int64_t kh = g.kernel[0], kw = g.kernel[1], sh = g.stride[0], sw = g.stride[1];
   const int64_t ph = g.padding[0], pw = g.padding[1];
-  for_each_index(out.numel(), stream, [=] __device__(int64_t i) {
+  for_each_index("avg_pool2d", out.numel(), stream, [=] __device__(int64_t i) {
     const int64_t j = i % ow, r = (i / ow) % oh, p = i / (ow * oh);
     const T* plane = src + in.plane(p);
     const AvgWindow rows = avg_window(r, in.height, kh, sh, ph);
@@ -208,7 +208,7 @@ void launch_avg_pool_backward(const Tensor& grad_out, const Tensor& grad_input, 
   T* gi = grad_input.data_ptr<T>();
   const int64_t kh = g.kernel[0], kw = g.kernel[1], sh = g.stride[0], sw = g.stride[1];
   const int64_t ph = g.padding[0], pw = g.padding[1];
-  for_each_index(grad_input.numel(), stream, [=] __device__(int64_t e) {
+  for_each_index("avg_pool2d_backward", grad_input.numel(), stream, [=] __device__(int64_t e) {
     const int64_t w = e % width, h = (e / width) % height, p = e / (width * height);
     const T* go = go_base + p * oh * ow;
     const int64_t i_lo = h + ph >= kh ? (h + ph - kh) / sh + 1 : 0, i_hi = min((h + ph) / sh, oh - 1);
@@ -236,7 +236,7 @@ void launch_adaptive_avg_pool(const Tensor& input, const Tensor& out, cudaStream
   const int64_t oh = out.size(2), ow = out.size(3);
   const T* src = static_cast<const T*>(input.raw_data());
   T* dst = out.data_ptr<T>();
-  for_each_index(out.numel(), stream, [=] __device__(int64_t i) {
+  for_each_index("adaptive_avg_pool2d", out.numel(), stream, [=] __device__(int64_t i) {
     const int64_t j = i % ow, r = (i / ow) % oh, p = i / (ow * oh);
     const T* plane = src + in.plane(p);
     const Window rows = adaptive_window(r, in.height, oh), cols = adaptive_window(j, in.width, ow);
@@ -257,7 +257,7 @@ void launch_adaptive_avg_pool_backward(const Tensor& grad_out, const Tensor& gra
   const int64_t oh = grad_out.size(2), ow = grad_out.size(3);
   const T* go_base = grad_out.data_ptr<T>();
   T* gi = grad_input.data_ptr<T>();
-  for_each_index(grad_input.numel(), stream, [=] __device__(int64_t e) {
+  for_each_index("adaptive_avg_pool2d_backward", grad_input.numel(), stream, [=] __device__(int64_t e) {
     const int64_t w = e % width, h = (e / width) % height, p = e / (width * height);
     const T* go = go_base + p * oh * ow;
     const int64_t i_lo = h * oh / height, i_hi = min(((h + 1) * oh - 1) / height, oh - 1);

@@ -75,9 +75,12 @@ void fill(const Tensor& dst, double a, double b, uint64_t seed, uint64_t first_b
   const auto blocks = static_cast<int64_t>(random_blocks_needed(n, dst.dtype(), K));
   T* out = dst.data_ptr<T>();
   const bool packed = reinterpret_cast<uintptr_t>(out) % (sizeof(T) * kE) == 0;
-  random_kernel<T, K><<<grid_size(blocks), kBlockSize, 0, stream_of(dst.device())>>>(out, n, blocks, a, b, seed,
-                                                                                      first_block, packed);
-  WEFT_CUDA_CHECK_LAUNCH();
+  cudaStream_t stream = stream_of(dst.device());
+  random_kernel<T, K><<<grid_size(blocks), kBlockSize, 0, stream>>>(out, n, blocks, a, b, seed, first_block, packed);
+  WEFT_CUDA_CHECK_LAUNCH(K == RandomKind::Uniform  ? "rand (uniform fill)"
+                         : K == RandomKind::Normal ? "randn (normal fill)"
+                                                   : "randint (integer fill)",
+                         stream);
 }
 
 template <class T>

@@ -332,6 +332,7 @@ struct Geometry {
   int64_t outer, inner, post;
   Device device;
   cudaStream_t stream;
+  const char* op;  // the op's name, for launch failures
 };
 
 // Device memory for `count` partial Values, from the caching allocator (stream-ordered:
@@ -343,9 +344,10 @@ Tensor partial_buffer(int64_t count, Device device) {
 
 template <class R, class F>
 void launch_fold(const R& r, const F& finish, const typename R::Value* partials, int64_t outputs, int64_t splits,
-                 cudaStream_t stream) {
-  fold_kernel<R, F><<<grid_for(ceil_div(outputs, kWarps)), kThreads, 0, stream>>>(r, finish, partials, outputs, splits);
-  WEFT_CUDA_CHECK_LAUNCH();
+                 const Geometry& g) {
+  fold_kernel<R, F><<<grid_for(ceil_div(outputs, kWarps)), kThreads, 0, g.stream>>>(r, finish, partials, outputs,
+                                                                                    splits);
+  WEFT_CUDA_CHECK_LAUNCH(g.op, g.stream);
 }
 
 template <class R, class F>
@@ -355,13 +357,13 @@ void reduce_rows(const R& r, const F& finish, const typename R::Elem* in, const 
   if (g.inner <= 16) {
     rows_kernel<R, F, 4><<<grid_for(ceil_div(g.outer, kThreads / 4)), kThreads, 0, g.stream>>>(r, finish, nullptr, in,
                                                                                              g.outer, g.inner, g.inner, 1);
-    WEFT_CUDA_CHECK_LAUNCH();
+    WEFT_CUDA_CHECK_LAUNCH(g.op, g.stream);
     return;
   }
   if (g.inner <= 1024) {
     rows_kernel<R, F, kWarpSize><<<grid_for(ceil_div(g.outer, kThreads / kWarpSize)), kThreads, 0, g.stream>>>(
         r, finish, nullptr, in, g.outer, g.inner, g.inner, 1);
-    WEFT_CUDA_CHECK_LAUNCH();
+    WEFT_CUDA_CHECK_LAUNCH(g.op, g.stream);
     return;
   }
   // A block per segment. Segments are whole multiples of 16 elements, so every segment
@@ -375,8 +377,8 @@ void reduce_rows(const R& r, const F& finish, const typename R::Elem* in, const 
   V* partial_data = splits > 1 ? static_cast<V*>(partials.raw_data()) : nullptr;
   rows_kernel<R, F, kThreads><<<grid_for(g.outer * splits), kThreads, 0, g.stream>>>(r, finish, partial_data, in,
                                                                                      g.outer, g.inner, seg_len, splits);
-  WEFT_CUDA_CHECK_LAUNCH();
-  if (splits > 1) launch_fold(r, finish, partial_data, g.outer, splits, g.stream);
+  WEFT_CUDA_CHECK_LAUNCH(g.op, g.stream);
+  if (splits > 1) launch_fold(r, finish, partial_data, g.outer, splits, g);
 }
 
 template <class R, class F>
@@ -396,8 +398,8 @@ void reduce_columns(const R& r, const F& finish, const typename R::Elem* in, con
   V* partial_data = splits > 1 ? static_cast<V*>(partials.raw_data()) : nullptr;
   columns_kernel<R, F><<<grid_for(tiles * splits), kThreads, 0, g.stream>>>(r, finish, partial_data, in, g.outer,
                                                                              g.inner, g.post, log_bx, seg_len, splits);
-  WEFT_CUDA_CHECK_LAUNCH();
-  if (splits > 1) launch_fold(r, finish, partial_data, outputs, splits, g.stream);
+  WEFT_CUDA_CHECK_LAUNCH(g.op, g.stream);
+  if (splits > 1) launch_fold(r, finish, partial_data, outputs, splits, g);
 }
 
 template <class R, class F>
@@ -448,11 +450,24 @@ void reduce_typed(ReduceOp op, const T* in, const Geometry& g, const Tensor& out
   }
 }
 
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Mean: return "mean";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::ArgMax: return "argmax";
+    case ReduceOp::ArgMin: return "argmin";
+    case ReduceOp::Var: return "var";
+  }
+  return "reduce";
+}
+
 void reduce_kernel(ReduceOp op, const Tensor& in, int64_t outer, int64_t inner, int64_t post, const Tensor& out,
                    const Tensor& values, double correction) {
   if (outer == 0 || post == 0) return;  // no outputs (the split math below divides by them)
   DeviceGuard guard(out.device());
-  const Geometry g{outer, inner, post, out.device(), stream_of(out.device())};
+  const Geometry g{outer, inner, post, out.device(), stream_of(out.device()), reduce_op_name(op)};
   dispatch_dtype(in.dtype(), DTypeSet::Numeric, "reduce", [&](auto tag) {
     using T = typename decltype(tag)::type;
     // The Numeric set still instantiates bool; the Tensor-level ops refuse bool inputs.

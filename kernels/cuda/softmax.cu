@@ -145,8 +145,9 @@ __global__ void __launch_bounds__(kThreads) columns_kernel(P p, int64_t outer, i
   }
 }
 
+// `op` names the op in a launch failure.
 template <class P>
-void launch(const P& p, int64_t outer, int64_t n, int64_t post, cudaStream_t stream) {
+void launch(const char* op, const P& p, int64_t outer, int64_t n, int64_t post, cudaStream_t stream) {
   if (post > 1) {
     const int log_bx = tile_log_width(post, n, kLogThreads);
     const int64_t tiles = outer * ((post + (int64_t{1} << log_bx) - 1) >> log_bx);
@@ -158,7 +159,7 @@ void launch(const P& p, int64_t outer, int64_t n, int64_t post, cudaStream_t str
   } else {
     rows_kernel<P, kThreads><<<grid_for(outer), kThreads, 0, stream>>>(p, outer, n);
   }
-  WEFT_CUDA_CHECK_LAUNCH();
+  WEFT_CUDA_CHECK_LAUNCH(op, stream);
 }
 
 void softmax_kernel(const Tensor& in, const Tensor& out, int64_t outer, int64_t n, int64_t post, bool log) {
@@ -168,8 +169,8 @@ void softmax_kernel(const Tensor& in, const Tensor& out, int64_t outer, int64_t 
     using T = typename decltype(tag)::type;
     const T* x = static_cast<const T*>(in.raw_data());
     T* y = static_cast<T*>(out.raw_data());
-    if (log) launch(ForwardPass<T, true>{x, y}, outer, n, post, stream);
-    else launch(ForwardPass<T, false>{x, y}, outer, n, post, stream);
+    if (log) launch("log_softmax", ForwardPass<T, true>{x, y}, outer, n, post, stream);
+    else launch("softmax", ForwardPass<T, false>{x, y}, outer, n, post, stream);
   });
 }
 
@@ -182,8 +183,8 @@ void softmax_backward_kernel(const Tensor& grad, const Tensor& out, const Tensor
     const T* g = static_cast<const T*>(grad.raw_data());
     const T* y = static_cast<const T*>(out.raw_data());
     T* gx = static_cast<T*>(grad_in.raw_data());
-    if (log) launch(BackwardPass<T, true>{g, y, gx}, outer, n, post, stream);
-    else launch(BackwardPass<T, false>{g, y, gx}, outer, n, post, stream);
+    if (log) launch("log_softmax_backward", BackwardPass<T, true>{g, y, gx}, outer, n, post, stream);
+    else launch("softmax_backward", BackwardPass<T, false>{g, y, gx}, outer, n, post, stream);
   });
 }
 

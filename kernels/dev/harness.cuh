@@ -1,5 +1,6 @@
 // What the teaching ladders' mains and bench/kernels share: finding a GPU, RAII device
-// buffers for the standalone mains, and kernel timing with CUDA events.
+// buffers for the standalone mains, kernel timing with CUDA events, and the --json file of
+// a ladder's timing table.
 //
 // Timing enqueues every repetition back to back, with one event between consecutive
 // launches, and waits only at the end: the host runs ahead of the GPU, so a launch's
@@ -11,6 +12,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -73,6 +76,46 @@ double median_ms(cudaStream_t stream, int warmup, int reps, Launch&& launch) {
   for (auto& event : events) WEFT_CUDA_CHECK(cudaEventDestroy(event));
   std::sort(times.begin(), times.end());
   return times[reps / 2];
+}
+
+// One row of a ladder's timing table: its median time, its rate in the table's unit, that
+// rate as a share of the table's limit (cuBLAS, the copy bandwidth) and the elements out of
+// tolerance in the same run.
+struct TimingRow {
+  std::string variant;
+  double ms = 0;
+  double rate = 0;
+  double percent_of_limit = 0;
+  int64_t wrong = 0;
+};
+
+// Writes a ladder's run as JSON for `--json FILE`, shaped like bench/kernels' file (a header,
+// then one object per row) so that one reader takes both. `size` says what was timed;
+// `validation_wrong` counts the wrong results of the validation pass before the timing.
+inline bool write_timing_json(const std::string& path, const std::string& benchmark, const std::string& device,
+                              const std::string& size, const std::string& unit, const std::string& limit, int reps,
+                              int64_t validation_wrong, const std::vector<TimingRow>& rows) {
+  auto quoted = [](const std::string& text) {
+    std::string out = "\"";
+    for (char c : text) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    return out + "\"";
+  };
+  std::ofstream out(path);
+  out.precision(12);
+  out << "{\n  \"benchmark\": " << quoted(benchmark) << ",\n  \"device\": " << quoted(device)
+      << ",\n  \"size\": " << quoted(size) << ",\n  \"unit\": " << quoted(unit) << ",\n  \"limit\": " << quoted(limit)
+      << ",\n  \"reps\": " << reps << ",\n  \"validation_wrong\": " << validation_wrong << ",\n  \"rows\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TimingRow& r = rows[i];
+    out << "    {\"variant\": " << quoted(r.variant) << ", \"ms\": " << r.ms << ", \"rate\": " << r.rate
+        << ", \"percent_of_limit\": " << r.percent_of_limit << ", \"wrong\": " << r.wrong << "}"
+        << (i + 1 < rows.size() ? ",\n" : "\n");
+  }
+  out << "  ]\n}\n";
+  return static_cast<bool>(out);
 }
 
 }  // namespace weft::dev

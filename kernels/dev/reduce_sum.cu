@@ -3,7 +3,7 @@
 // rung on awkward sizes and an unaligned start, then a timing table against the
 // device-to-device copy bandwidth measured in the same run.
 //
-//   dev_reduce_sum [--mib M] [--reps R]      (default 256 MiB of float32, 20 repetitions)
+//   dev_reduce_sum [--mib M] [--reps R] [--json FILE]   (default 256 MiB of float32, 20 repetitions)
 //
 // The limit: a sum reads 4 bytes per element and writes nothing, so its floor is
 // n * 4 bytes / read bandwidth. cudaMemcpy D2D reads and writes, so its bytes moved per
@@ -232,18 +232,19 @@ float run_once(const weft::dev::ReduceSumVariant& v, const float* x, int64_t n, 
   return got;
 }
 
-int usage() {
-  std::fprintf(stderr,
-               "usage: dev_reduce_sum [--mib M] [--reps R]\n"
+int usage(int status) {
+  std::fprintf(status == 0 ? stdout : stderr,
+               "usage: dev_reduce_sum [--mib M] [--reps R] [--json FILE]\n"
                "  Validates every sum-reduction rung against a float64 CPU reference on awkward sizes,\n"
                "  then times them on M MiB of float32 (default 256, 20 repetitions) beside a\n"
                "  device-to-device copy of the same bytes.\n"
+               "  --json FILE  also write the timing table as JSON\n"
                "  Exit status: 0 all correct, 1 a result out of tolerance, 2 bad arguments,\n"
                "  77 no CUDA GPU.\n");
-  return 2;
+  return status;
 }
 
-int run(int64_t n, int reps) {
+int run(int64_t n, int reps, const std::string& json_path) {
   using namespace weft::dev;
   cudaStream_t stream;
   WEFT_CUDA_CHECK(cudaStreamCreate(&stream));
@@ -278,6 +279,8 @@ int run(int64_t n, int reps) {
     }
   }
 
+  const int64_t validation_wrong = total_wrong;
+
   const double bytes = static_cast<double>(n) * sizeof(float);
   const Reference ref = reference_sum(host.data(), n);
   DeviceBuffer<float> copy(n);
@@ -291,15 +294,24 @@ int run(int64_t n, int reps) {
   std::printf("# %-14s %10s %10s %10s %8s\n", "variant", "time", "rate", "of copy", "#wrong");
   std::printf("# %-14s %10s %10s %10s %8s\n", "", "(ms)", "(GB/s)", "(%)", "");
   std::printf("  %-14s %10.4f %10.1f %10.1f %8s\n", "d2d_copy", copy_ms, copy_gbs, 100.0, "-");
+  std::vector<TimingRow> timing = {{"d2d_copy", copy_ms, copy_gbs, 100.0, 0}};
   for (const auto& v : kReduceSumVariants) {
     const double ms =
         median_ms(stream, 2, reps, [&] { v.launch(x.get(), n, out.get(), workspace.get(), stream); });
     const int wrong = close_enough(run_once(v, x.get(), n, out.get(), workspace.get(), stream), ref) ? 0 : 1;
     total_wrong += wrong;
     const double gbs = bytes / (ms * 1e-3) / 1e9;
+    timing.push_back({v.name, ms, gbs, 100.0 * gbs / copy_gbs, wrong});
     std::printf("  %-14s %10.4f %10.1f %10.1f %8d\n", v.name, ms, gbs, 100.0 * gbs / copy_gbs, wrong);
   }
   WEFT_CUDA_CHECK(cudaStreamDestroy(stream));
+  const std::string size = std::to_string(n) + " float32";
+  if (!json_path.empty() &&
+      !write_timing_json(json_path, "dev_reduce_sum", prop.name, size, "GB/s", "d2d_copy", reps, validation_wrong,
+                         timing)) {
+    std::fprintf(stderr, "dev_reduce_sum: cannot write %s\n", json_path.c_str());
+    return 1;
+  }
   return total_wrong == 0 ? 0 : 1;
 }
 
@@ -308,19 +320,22 @@ int run(int64_t n, int reps) {
 int main(int argc, char** argv) {
   int64_t mib = 256;
   int reps = 20;
+  std::string json_path;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--mib") && i + 1 < argc) mib = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else return usage();
+    else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return usage(0);
+    else return usage(2);
   }
-  if (mib <= 0 || reps <= 0) return usage();
+  if (mib <= 0 || reps <= 0) return usage(2);
   std::string reason;
   if (!weft::dev::gpu_present(reason)) {
     std::printf("dev_reduce_sum: no CUDA GPU (%s)\n", reason.c_str());
     return 77;
   }
   try {
-    return run(mib * (int64_t{1} << 20) / static_cast<int64_t>(sizeof(float)), reps);
+    return run(mib * (int64_t{1} << 20) / static_cast<int64_t>(sizeof(float)), reps, json_path);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dev_reduce_sum: %s\n", e.what());
     return 1;

@@ -2,7 +2,7 @@
 // is defined, its driver: a float64 CPU reference, validation of every rung and of cuBLAS
 // on awkward sizes, then a timing table against cuBLAS.
 //
-//   dev_sgemm [--size M N K] [--reps R]      (default 4096 4096 4096, 20 repetitions)
+//   dev_sgemm [--size M N K] [--reps R] [--json FILE]   (default 4096 4096 4096, 20 repetitions)
 //
 // The arithmetic intensity argument behind the ladder: a 4096^3 product does 2 * 4096^3
 // flops on 3 * 64 MiB of data, so it is compute-bound only if each value fetched from
@@ -370,8 +370,8 @@ std::vector<float> download(const float* src, size_t count, cudaStream_t stream)
 }
 
 template <class Run>
-std::vector<float> run_once(int M, int N, int K, const std::vector<float>& A, const std::vector<float>& B,
-                            cudaStream_t stream, Run&& run) {
+std::vector<float> run_once(int M, int N, const std::vector<float>& A, const std::vector<float>& B, cudaStream_t stream,
+                            Run&& run) {
   DeviceBuffer<float> dA(A.size()), dB(B.size()), dC(static_cast<size_t>(M) * N);
   upload(dA.get(), A, stream);
   upload(dB.get(), B, stream);
@@ -380,17 +380,18 @@ std::vector<float> run_once(int M, int N, int K, const std::vector<float>& A, co
   return download(dC.get(), dC.size(), stream);
 }
 
-int usage() {
-  std::fprintf(stderr,
-               "usage: dev_sgemm [--size M N K] [--reps R]\n"
+int usage(int status) {
+  std::fprintf(status == 0 ? stdout : stderr,
+               "usage: dev_sgemm [--size M N K] [--reps R] [--json FILE]\n"
                "  Validates every SGEMM rung and cuBLAS against a float64 CPU reference on small\n"
                "  awkward sizes, then times them at M x N x K (default 4096^3, 20 repetitions).\n"
+               "  --json FILE  also write the timing table as JSON\n"
                "  Exit status: 0 all correct, 1 a result out of tolerance, 2 bad arguments,\n"
                "  77 no CUDA GPU.\n");
-  return 2;
+  return status;
 }
 
-int run(int M, int N, int K, int reps) {
+int run(int M, int N, int K, int reps, const std::string& json_path) {
   using namespace weft::dev;
   cudaStream_t stream;
   WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -422,14 +423,16 @@ int run(int M, int N, int K, int reps) {
         std::printf("  %-12s %16s %10s\n", v.name, dims, "skipped (N, K not multiples of 4)");
         continue;
       }
-      report(v.name, run_once(m, n, k, A, B, stream, [&](const float* a, const float* b, float* c) {
+      report(v.name, run_once(m, n, A, B, stream, [&](const float* a, const float* b, float* c) {
                v.launch(m, n, k, a, b, c, stream);
              }));
     }
-    report("cublas", run_once(m, n, k, A, B, stream, [&](const float* a, const float* b, float* c) {
+    report("cublas", run_once(m, n, A, B, stream, [&](const float* a, const float* b, float* c) {
              sgemm_cublas(cublas.get(), m, n, k, a, b, c);
            }));
   }
+
+  const int64_t validation_wrong = total_wrong;
 
   // Timing at the requested size; each result is also checked on a few rows.
   auto A = random_matrix(static_cast<int64_t>(M) * K, 3), B = random_matrix(static_cast<int64_t>(K) * N, 4);
@@ -455,8 +458,10 @@ int run(int M, int N, int K, int reps) {
               reps, rows.size());
   std::printf("# %-12s %10s %10s %10s %8s\n", "variant", "time", "rate", "of cuBLAS", "#wrong");
   std::printf("# %-12s %10s %10s %10s %8s\n", "", "(ms)", "(TFLOP/s)", "(%)", "");
+  std::vector<TimingRow> timing;
   auto row = [&](const char* name, double ms, int64_t wrong) {
-    std::printf("  %-12s %10.3f %10.2f %10.1f %8lld\n", name, ms, flops / (ms * 1e-3) / 1e12, 100.0 * cublas_ms / ms,
+    timing.push_back({name, ms, flops / (ms * 1e-3) / 1e12, 100.0 * cublas_ms / ms, wrong});
+    std::printf("  %-12s %10.3f %10.2f %10.1f %8lld\n", name, ms, timing.back().rate, timing.back().percent_of_limit,
                 static_cast<long long>(wrong));
   };
   for (const auto& v : kSgemmVariants) {
@@ -470,6 +475,13 @@ int run(int M, int N, int K, int reps) {
   }
   row("cublas", cublas_ms, cublas_wrong);
   WEFT_CUDA_CHECK(cudaStreamDestroy(stream));
+  const std::string size = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
+  if (!json_path.empty() &&
+      !write_timing_json(json_path, "dev_sgemm", prop.name, size, "TFLOP/s", "cublas", reps, validation_wrong,
+                         timing)) {
+    std::fprintf(stderr, "dev_sgemm: cannot write %s\n", json_path.c_str());
+    return 1;
+  }
   return total_wrong == 0 ? 0 : 1;
 }
 
@@ -477,6 +489,7 @@ int run(int M, int N, int K, int reps) {
 
 int main(int argc, char** argv) {
   int M = 4096, N = 4096, K = 4096, reps = 20;
+  std::string json_path;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--size") && i + 3 < argc) {
       M = std::atoi(argv[++i]);
@@ -484,18 +497,22 @@ int main(int argc, char** argv) {
       K = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      return usage(0);
     } else {
-      return usage();
+      return usage(2);
     }
   }
-  if (M <= 0 || N <= 0 || K <= 0 || reps <= 0) return usage();
+  if (M <= 0 || N <= 0 || K <= 0 || reps <= 0) return usage(2);
   std::string reason;
   if (!weft::dev::gpu_present(reason)) {
     std::printf("dev_sgemm: no CUDA GPU (%s)\n", reason.c_str());
     return 77;
   }
   try {
-    return run(M, N, K, reps);
+    return run(M, N, K, reps, json_path);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dev_sgemm: %s\n", e.what());
     return 1;
