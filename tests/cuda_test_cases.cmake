@@ -11,12 +11,16 @@
 # which CTest shows as skipped, as before: a CPU-only run keeps one line per suite.
 
 # prefix: the entry's name before "/case"; executable: the suite; environment: the entries'
-# ENVIRONMENT property (a list).
-function(weft_register_cuda_test_cases prefix executable environment)
+# ENVIRONMENT property (a list); filter: a doctest --test-case filter ("" for every case).
+function(weft_register_cuda_test_cases prefix executable environment filter)
   set(listing "")
   set(rc "not built")
+  set(only "")
+  if(NOT filter STREQUAL "")
+    set(only "--test-case=${filter}")
+  endif()
   if(EXISTS "${executable}")
-    execute_process(COMMAND "${executable}" --list-test-cases --no-colors=true
+    execute_process(COMMAND "${executable}" --list-test-cases --no-colors=true ${only}
                     OUTPUT_VARIABLE listing ERROR_VARIABLE listing_errors RESULT_VARIABLE rc TIMEOUT 120)
   endif()
   set(cases "")
@@ -43,7 +47,7 @@ function(weft_register_cuda_test_cases prefix executable environment)
   if(cases STREQUAL "")
     # No GPU (77, the suite says why when it runs), not built, or a listing that failed: the whole
     # suite as one entry, which shows the reason.
-    add_test("${prefix}" "${executable}")
+    add_test("${prefix}" "${executable}" ${only})
     set_tests_properties("${prefix}" PROPERTIES ENVIRONMENT "${environment}" SKIP_RETURN_CODE 77)
     return()
   endif()

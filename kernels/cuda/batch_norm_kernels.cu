@@ -71,7 +71,7 @@ struct Layout {
   explicit Layout(const Tensor& t) : n(t.size(0)), channels(t.size(1)), spatial(t.size(2)) {
     const int64_t m = per_channel();
     const int64_t by_size = (m + kMinChunk - 1) / kMinChunk;
-    const int64_t by_blocks = (kTargetBlocks + channels - 1) / channels;
+    const int64_t by_blocks = (kTargetBlocks + channels - 1) / std::max<int64_t>(channels, 1);
     chunks = std::max<int64_t>(1, std::min(by_size, by_blocks));
     chunk_len = std::max<int64_t>(1, (m + chunks - 1) / chunks);
   }

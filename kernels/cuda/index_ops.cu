@@ -139,6 +139,7 @@ IndexRange index_range_kernel(const Tensor& index, int64_t bound, const char* op
   DeviceGuard guard(device);
   cudaStream_t stream = stream_of(device);
   const int64_t n = index.numel();
+  WEFT_CHECK(n > 0, op, ": index_range_kernel needs a non-empty index (callers skip empty ones)");
   const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(n, kRangeThreads * 4), kRangeMaxBlocks));
   // Partials, then the result, in one int64 buffer (both are plain int64 records).
   static_assert(sizeof(RangePartial) == 3 * sizeof(int64_t) && sizeof(RangeResult) == 4 * sizeof(int64_t));
