@@ -2,6 +2,7 @@
 // same fresh random inputs, with CUDA outputs poisoned (NaN) before kernels write them.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <sstream>
@@ -27,27 +28,64 @@ inline Tensor poisoned(const Shape& shape, DType dtype, Device device) {
   return full(shape, poison, TensorOptions(dtype, device));
 }
 
-// "" when actual (on any device) equals expected bit for bit (any NaN matching any NaN;
-// +0 and -0 differ), else the first difference. Values pass through float64, which holds
-// every dtype weft computes with exactly.
-inline std::string bitwise_difference(const Tensor& actual, const Tensor& expected) {
+// "" when actual and expected have the same shape and dtype, else what differs.
+inline std::string layout_difference(const Tensor& actual, const Tensor& expected) {
+  if (actual.shape() == expected.shape() && actual.dtype() == expected.dtype()) return "";
   std::ostringstream out;
-  if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype()) {
-    out << "shape " << actual.shape() << " " << actual.dtype() << " vs expected " << expected.shape() << " "
-        << expected.dtype();
-    return out.str();
-  }
+  out << "shape " << actual.shape() << " " << actual.dtype() << " vs expected " << expected.shape() << " "
+      << expected.dtype();
+  return out.str();
+}
+
+// The first element (values through float64, which holds every dtype weft computes with
+// exactly) for which `same(a, e)` is false, described with `asked`; "" when there is none.
+template <class Same>
+std::string first_difference(const Tensor& actual, const Tensor& expected, Same same, const std::string& asked) {
+  if (std::string layout = layout_difference(actual, expected); !layout.empty()) return layout;
   const auto a = actual.detach().to(kCPU).to_vector<double>();
   const auto e = expected.detach().to(kCPU).to_vector<double>();
   for (size_t i = 0; i < a.size(); ++i) {
-    const bool same =
-        (std::isnan(a[i]) && std::isnan(e[i])) || std::bit_cast<uint64_t>(a[i]) == std::bit_cast<uint64_t>(e[i]);
-    if (!same) {
-      out << "element " << i << ": " << a[i] << " vs expected " << e[i] << " (bitwise equality asked)";
+    if (!same(a[i], e[i])) {
+      std::ostringstream out;
+      out << "element " << i << ": " << a[i] << " vs expected " << e[i] << " (" << asked << ")";
       return out.str();
     }
   }
   return "";
+}
+
+// "" when actual (on any device) equals expected bit for bit (any NaN matching any NaN;
+// +0 and -0 differ), else the first difference.
+inline std::string bitwise_difference(const Tensor& actual, const Tensor& expected) {
+  return first_difference(
+      actual, expected,
+      [](double a, double e) {
+        return (std::isnan(a) && std::isnan(e)) || std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(e);
+      },
+      "bitwise equality asked");
+}
+
+// "" when actual (any device) matches expected: same shape and dtype; NaN exactly where
+// expected is NaN; equal infinities; else within atol + rtol * |expected|.
+inline std::string difference(const Tensor& actual, const Tensor& expected, double atol, double rtol) {
+  std::ostringstream asked;
+  asked << "atol " << atol << ", rtol " << rtol;
+  return first_difference(
+      actual, expected,
+      [atol, rtol](double a, double e) {
+        return std::isnan(e)   ? std::isnan(a)
+               : std::isinf(e) ? a == e
+                               : std::fabs(a - e) <= atol + rtol * std::fabs(e);
+      },
+      asked.str());
+}
+
+// The largest finite |value| of t (0 for none): the scale of a normalised bound.
+inline double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double v : t.detach().to(kCPU).to_vector<double>())
+    if (std::isfinite(v)) m = std::max(m, std::fabs(v));
+  return m;
 }
 
 #define CHECK_IDENTICAL(actual, expected)                                                     \

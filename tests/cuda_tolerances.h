@@ -47,41 +47,9 @@ inline double batch_norm_normalised(DType dtype) { return dtype == DType::Float3
 // the two tables it combines.
 inline Tol combined(Tol a, Tol b) { return {std::max(a.atol, b.atol), std::max(a.rtol, b.rtol)}; }
 
-// "" when actual (any device) matches expected: same shape and dtype; NaN exactly where
-// expected is NaN; equal infinities; else within atol + rtol * |expected|
-// (test_cuda_reduce.cpp's difference()).
-inline std::string difference(const Tensor& actual, const Tensor& expected, double atol, double rtol) {
-  std::ostringstream out;
-  if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype()) {
-    out << "shape " << actual.shape() << " " << actual.dtype() << " vs expected " << expected.shape() << " "
-        << expected.dtype();
-    return out.str();
-  }
-  const auto a = actual.detach().to(kCPU).to_vector<double>();
-  const auto e = expected.detach().to(kCPU).to_vector<double>();
-  for (size_t i = 0; i < a.size(); ++i) {
-    const bool ok = std::isnan(e[i])   ? std::isnan(a[i])
-                    : std::isinf(e[i]) ? a[i] == e[i]
-                                       : std::fabs(a[i] - e[i]) <= atol + rtol * std::fabs(e[i]);
-    if (!ok) {
-      out << "element " << i << ": " << a[i] << " vs expected " << e[i] << " (atol " << atol << ", rtol " << rtol
-          << ")";
-      return out.str();
-    }
-  }
-  return "";
-}
-
-// The largest finite |value| of t (0 for none): the scale of a normalised bound.
-inline double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double v : t.detach().to(kCPU).to_vector<double>())
-    if (std::isfinite(v)) m = std::max(m, std::fabs(v));
-  return m;
-}
-
+// |actual - expected| <= tol * max|expected| everywhere (test_cuda_nn_ops.cpp's CHECK_NORMALISED).
 inline std::string normalised_difference(const Tensor& actual, const Tensor& expected, double tol) {
-  return difference(actual, expected, tol * max_abs(expected) + 1e-300, 0.0);
+  return test::difference(actual, expected, tol * test::max_abs(expected) + 1e-300, 0.0);
 }
 
 }  // namespace weft::test::tolerance
@@ -92,12 +60,13 @@ inline std::string normalised_difference(const Tensor& actual, const Tensor& exp
   do {                                                                                                   \
     const ::weft::test::tolerance::Tol weft_tol_ = (tol);                                                \
     const std::string weft_difference_ =                                                                 \
-        ::weft::test::tolerance::difference((actual), (expected), weft_tol_.atol, weft_tol_.rtol);       \
+        ::weft::test::difference((actual), (expected), weft_tol_.atol, weft_tol_.rtol);                  \
     CHECK_MESSAGE(weft_difference_.empty(), weft_difference_);                                           \
   } while (0)
 
 #define CHECK_NORMALISED_WITHIN(actual, expected, tol)                                                   \
   do {                                                                                                   \
-    const std::string weft_difference_ = ::weft::test::tolerance::normalised_difference((actual), (expected), (tol)); \
+    const std::string weft_difference_ =                                                                 \
+        ::weft::test::tolerance::normalised_difference((actual), (expected), (tol));                     \
     CHECK_MESSAGE(weft_difference_.empty(), weft_difference_);                                           \
   } while (0)

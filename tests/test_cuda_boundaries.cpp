@@ -125,6 +125,13 @@ void release_cached() { cuda::empty_cache(gpu()); }
     CHECK_MESSAGE(weft_message_.empty(), weft_message_);      \
   } while (0)
 
+// A shape reduced (or normalised) along `dim`, and the kernel path it takes.
+struct DimCase {
+  Shape shape;
+  int64_t dim;
+  const char* path;
+};
+
 }  // namespace
 
 // --- (a) and (c): grid-stride loops and grid caps, per family ----------------------------
@@ -205,18 +212,13 @@ TEST_CASE("reductions: row and column kernels loop past kMaxGrid blocks") {
   // reduce.cu: every launch is grid_for(blocks) = min(blocks, kMaxGrid = 65536) blocks of
   // kThreads = 256, looping over units: 64 rows per block for rows of <= 16 (4 lanes each),
   // 8 for rows of <= 1024 (a warp each), one longer row, or one column tile per block.
-  struct Case {
-    Shape shape;
-    int64_t dim;
-    const char* path;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<DimCase> cases = {
       {{64 * kMaxGrid + 5, 3}, 1, "4-lane rows, 64 per block"},
       {{8 * kMaxGrid + 3, 17}, 1, "warp rows, 8 per block"},
       {{kMaxGrid + 3, 1029}, 1, "block rows: more than a grid's 65535 in y or z; misaligned rows"},
       {{kMaxGrid + 4465, 3, 2}, 1, "columns: one 64 x 4 tile per block"},
   };
-  for (const Case& c : cases) {
+  for (const DimCase& c : cases) {
     CAPTURE(c.path);
     // int32 with many ties: sums, extrema and first indices exact.
     const Tensor xi = test::random(c.shape, DType::Float64, 9, -1000, 1000).to(DType::Int32);
@@ -236,12 +238,7 @@ TEST_CASE("reductions: row and column kernels loop past kMaxGrid blocks") {
 TEST_CASE("softmax and log_softmax: row and column kernels loop past kMaxGrid blocks; rows longer than a block") {
   // softmax.cu launch(): grid_for(blocks) = min(blocks, kMaxGrid = 65536) blocks of kThreads =
   // 256: 64 rows per block (n <= 16), 8 (n <= 1024), one longer row, or one column tile.
-  struct Case {
-    Shape shape;
-    int64_t dim;
-    const char* path;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<DimCase> cases = {
       {{64 * kMaxGrid + 5, 3}, 1, "4-lane rows, 64 per block"},
       {{8 * kMaxGrid + 3, 17}, 1, "warp rows, 8 per block"},
       {{kMaxGrid + 3, 1025}, 1, "block rows: more than a grid's 65535 in y or z"},

@@ -50,17 +50,11 @@ double tol_of(DType dtype) { return dtype == DType::Float32 ? 2e-5 : 1e-12; }
 double conv_tol_of(DType dtype) { return dtype == DType::Float32 ? 5e-5 : 1e-12; }
 double bn_tol_of(DType dtype) { return dtype == DType::Float32 ? 1e-5 : 1e-12; }
 
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double v : t.detach().to_vector<double>()) m = std::max(m, std::fabs(v));
-  return m;
-}
-
 // |gpu - cpu| <= tol * max|cpu| everywhere (an all-zero reference asks for zeros).
 #define CHECK_NORMALISED(gpu_tensor, cpu_tensor, tol)                                          \
   do {                                                                                         \
     const ::weft::Tensor weft_expected_ = (cpu_tensor);                                        \
-    CHECK_GPU_MATCHES((gpu_tensor), weft_expected_, (tol) * max_abs(weft_expected_) + 1e-300, 0.0); \
+    CHECK_GPU_MATCHES((gpu_tensor), weft_expected_, (tol) * ::weft::test::max_abs(weft_expected_) + 1e-300, 0.0); \
   } while (0)
 
 // Differentiable non-contiguous views of t's values (test::noncontiguous detaches).

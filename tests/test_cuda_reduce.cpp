@@ -31,6 +31,7 @@
 #include "kernels/softmax_kernels.h"
 
 using namespace weft;
+using test::difference;
 using test::gpu;
 using test::on_gpu;
 
@@ -38,30 +39,6 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// "" when actual (any device) matches expected: same shape and dtype; NaN exactly where
-// expected is NaN; equal infinities; else within atol + rtol * |expected|.
-std::string difference(const Tensor& actual, const Tensor& expected, double atol, double rtol) {
-  std::ostringstream out;
-  if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype()) {
-    out << "shape " << actual.shape() << " " << actual.dtype() << " vs expected " << expected.shape() << " "
-        << expected.dtype();
-    return out.str();
-  }
-  auto a = actual.detach().to(kCPU).to_vector<double>();
-  auto e = expected.detach().to(kCPU).to_vector<double>();
-  for (size_t i = 0; i < a.size(); ++i) {
-    bool ok = std::isnan(e[i]) ? std::isnan(a[i])
-              : std::isinf(e[i]) ? a[i] == e[i]
-                                 : std::fabs(a[i] - e[i]) <= atol + rtol * std::fabs(e[i]);
-    if (!ok) {
-      out << "element " << i << ": " << a[i] << " vs expected " << e[i] << " (atol " << atol << ", rtol " << rtol
-          << ")";
-      return out.str();
-    }
-  }
-  return "";
-}
 
 #define CHECK_MATCH(actual, expected, atol, rtol)                                      \
   do {                                                                                 \
