@@ -1,28 +1,35 @@
-// weft-run: weft's process launcher, torchrun's non-elastic part. Starts N worker
-// processes of PROGRAM with the environment torchrun gives its workers (RANK, WORLD_SIZE,
-// LOCAL_RANK, MASTER_ADDR, ...), prefixes their output with their rank, and supervises
-// them: one failing stops the others, and the whole group is restarted up to
-// --max-restarts times.
+// weft-run: weft's process launcher, after torchrun. Starts N worker processes of PROGRAM
+// with the environment torchrun gives its workers (RANK, WORLD_SIZE, LOCAL_RANK,
+// MASTER_ADDR, ...), prefixes their output with their rank, and supervises them: one
+// failing stops the others, and the whole group is restarted up to --max-restarts times.
+// With --rdzv-endpoint it is one agent of an elastic job (elastic_agent.h).
 //
 //   weft-run --nproc-per-node 4 build/apps/weft-train --mode ddp ...
 //   weft-run --nproc-per-node 8 --nnodes 2 --node-rank 1 --master-addr node0 PROGRAM ARGS...
+//   weft-run --nnodes 1:4 --nproc-per-node 2 --rdzv-endpoint node0:29400 --rdzv-id job7 PROGRAM ARGS...
+//   weft-run --rdzv-server --rdzv-endpoint 0.0.0.0:29400
 //
 // Exit status: 0 when every rank exits 0; the failed rank's exit status (1-255), or 1
 // when it was killed by a signal; 128 + N after signal N (SIGINT: 130); 127 when PROGRAM
 // cannot be executed; 2 for bad arguments.
 //
-// This file is the command line and the environment; worker_group.h is the processes.
+// This file is the command line and the shared environment; worker_env.h is each rank's
+// variables, worker_group.h the processes, elastic_agent.h the elastic rounds.
 #include <CLI/CLI.hpp>
 
 #include <sched.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdlib>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/device.h"
+#include "elastic_agent.h"
+#include "worker_env.h"
 #include "worker_group.h"
 
 extern char** environ;
@@ -37,7 +44,69 @@ struct Config {
   double grace_period = 5.0;
   bool no_prefix = false;
   std::vector<std::string> command;  // PROGRAM and its arguments
+  // Elastic mode (--rdzv-endpoint): --nnodes MIN:MAX, the rendezvous and its settings.
+  std::string nnodes_text = "1", rdzv_endpoint, rdzv_id = "default", rdzv_conf, rdzv_backend = "c10d";
+  std::string rdzv_host;
+  int rdzv_port = 0;
+  weft::parallel::RendezvousOptions rendezvous;
+  bool rdzv_server = false;
 };
+
+// "N" or "MIN:MAX" into the rendezvous options; nnodes is N (fixed), or MAX (elastic).
+std::optional<std::string> parse_nnodes(Config& c) {
+  const std::string& t = c.nnodes_text;
+  auto number = [](const std::string& text, int& out) {
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+    return ec == std::errc() && end == text.data() + text.size() && out >= 1;
+  };
+  const size_t colon = t.find(':');
+  int lo = 0, hi = 0;
+  if (colon == std::string::npos ? !number(t, lo) : !number(t.substr(0, colon), lo) || !number(t.substr(colon + 1), hi))
+    return "--nnodes '" + t + "' is neither a node count N nor a range MIN:MAX of positive integers";
+  if (colon == std::string::npos) hi = lo;
+  if (lo > hi) return "--nnodes " + t + ": MIN is above MAX";
+  c.rendezvous.min_nodes = lo;
+  c.rendezvous.max_nodes = hi;
+  c.nnodes = hi;
+  return std::nullopt;
+}
+
+// --rdzv-conf join_timeout=600,last_call_timeout=30,keep_alive_interval=5,heartbeat_timeout=30 (seconds).
+std::optional<std::string> parse_rdzv_conf(Config& c) {
+  std::istringstream in(c.rdzv_conf);
+  for (std::string item; std::getline(in, item, ',');) {
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    char* end = nullptr;
+    const double v = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !(v > 0) || v > 1e6)
+      return "--rdzv-conf " + item + ": expected KEY=SECONDS with a positive number of seconds";
+    const std::chrono::milliseconds ms{static_cast<int64_t>(v * 1000 + 0.5)};
+    if (key == "join_timeout") c.rendezvous.join_timeout = ms;
+    else if (key == "last_call_timeout") c.rendezvous.last_call_timeout = ms;
+    else if (key == "keep_alive_interval") c.rendezvous.keep_alive_interval = ms;
+    else if (key == "heartbeat_timeout") c.rendezvous.heartbeat_timeout = ms;
+    else
+      return "--rdzv-conf: unknown key '" + key +
+             "' (join_timeout, last_call_timeout, keep_alive_interval, heartbeat_timeout)";
+  }
+  return std::nullopt;
+}
+
+// "HOST:PORT" into rdzv_host and rdzv_port.
+std::optional<std::string> parse_endpoint(Config& c) {
+  const size_t colon = c.rdzv_endpoint.rfind(':');
+  int port = 0;
+  const std::string digits = colon == std::string::npos ? "" : c.rdzv_endpoint.substr(colon + 1);
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+  if (colon == 0 || colon == std::string::npos || ec != std::errc() || end != digits.data() + digits.size() ||
+      port < 1 || port > 65535)
+    return "--rdzv-endpoint '" + c.rdzv_endpoint + "' is not HOST:PORT with a port from 1 to 65535";
+  c.rdzv_host = c.rdzv_endpoint.substr(0, colon);
+  c.rdzv_port = port;
+  return std::nullopt;
+}
 
 // Parses the command line into `c`; returns an exit code when weft-run must stop here
 // (0 after --help, 2 for bad arguments, with the message printed).
@@ -50,7 +119,8 @@ std::optional<int> parse(int argc, char** argv, Config& c) {
   constexpr int kMaxRanks = 1 << 20;
   app.add_option("--nproc-per-node,--nproc_per_node", c.nproc_per_node, "worker processes on this node (required)")
       ->check(CLI::Range(1, kMaxRanks));
-  app.add_option("--nnodes", c.nnodes, "nodes in the job (1)")->check(CLI::Range(1, kMaxRanks));
+  app.add_option("--nnodes", c.nnodes_text,
+                 "nodes in the job (1), or MIN:MAX for an elastic job (with --rdzv-endpoint)");
   app.add_option("--node-rank,--node_rank", c.node_rank, "this node's rank, 0 .. nnodes-1 (0)")
       ->check(CLI::Range(0, kMaxRanks));
   app.add_option("--master-addr,--master_addr", c.master_addr, "address of rank 0's node (127.0.0.1)");
@@ -62,6 +132,16 @@ std::optional<int> parse(int argc, char** argv, Config& c) {
   app.add_option("--grace-period", c.grace_period, "seconds between SIGTERM and SIGKILL when stopping workers (5)")
       ->check(CLI::Range(0.0, 1e6));
   app.add_flag("--no-prefix", c.no_prefix, "pass the workers' output through without the \"[rank R] \" prefix");
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", c.rdzv_endpoint,
+                 "elastic mode: HOST:PORT of the rendezvous store (served by the first agent there, or by "
+                 "weft-run --rdzv-server)");
+  app.add_option("--rdzv-id,--rdzv_id", c.rdzv_id, "elastic mode: the job's id, the same on every node (default)");
+  app.add_option("--rdzv-conf,--rdzv_conf", c.rdzv_conf,
+                 "elastic mode: KEY=SECONDS,... for join_timeout (600), last_call_timeout (30), "
+                 "keep_alive_interval (5), heartbeat_timeout (30)");
+  app.add_option("--rdzv-backend,--rdzv_backend", c.rdzv_backend, "c10d (the one there is: weft's TCP store)")
+      ->check(CLI::IsMember({"c10d"}));
+  app.add_flag("--rdzv-server", c.rdzv_server, "serve the rendezvous store at --rdzv-endpoint until stopped");
   app.footer(
       "PROGRAM and its arguments follow the options: weft-run [OPTIONS] [--] PROGRAM [ARGS...]\n"
       "Exit status: 0 when every rank exits 0; the failed rank's status (1-255), or 1 when it was killed\n"
@@ -83,6 +163,24 @@ std::optional<int> parse(int argc, char** argv, Config& c) {
     c.command.erase(c.command.begin());
   else if (!c.command.empty() && c.command[0].size() > 1 && c.command[0][0] == '-')
     return bad("unknown option " + c.command[0]);
+  if (auto error = parse_nnodes(c)) return bad(*error);
+  if (auto error = parse_rdzv_conf(c)) return bad(*error);
+  if (!c.rdzv_endpoint.empty())
+    if (auto error = parse_endpoint(c)) return bad(*error);
+  if (c.rdzv_server) {
+    if (c.rdzv_endpoint.empty()) return bad("--rdzv-server needs --rdzv-endpoint HOST:PORT to serve on");
+    if (!c.command.empty()) return bad("--rdzv-server runs no PROGRAM ('" + c.command[0] + "' given)");
+    return std::nullopt;
+  }
+  if (c.rdzv_endpoint.empty() && c.rendezvous.min_nodes != c.rendezvous.max_nodes)
+    return bad("--nnodes " + c.nnodes_text + " is an elastic range: it needs --rdzv-endpoint HOST:PORT");
+  if (!c.rdzv_endpoint.empty())
+    for (const char* fixed : {"--node-rank", "--master-addr", "--master-port"})
+      if (app.count(fixed) > 0)
+        return bad(std::string(fixed) + " is for a fixed job; with --rdzv-endpoint the rendezvous assigns node ranks "
+                   "and the workers meet at the endpoint");
+  if (c.rdzv_id.empty() || c.rdzv_id.find_first_of(" /") != std::string::npos)
+    return bad("--rdzv-id '" + c.rdzv_id + "' must be a non-empty word without '/'");
   if (c.nproc_per_node == 0) return bad("--nproc-per-node is required");
   if (c.command.empty()) return bad("no PROGRAM to run");
   if (c.node_rank >= c.nnodes)
@@ -92,22 +190,6 @@ std::optional<int> parse(int argc, char** argv, Config& c) {
     return bad("--nnodes " + std::to_string(c.nnodes) + " times --nproc-per-node " + std::to_string(c.nproc_per_node) +
                " is more ranks than weft-run starts (" + std::to_string(kMaxRanks) + ")");
   return std::nullopt;
-}
-
-// The environment, as "NAME=value" strings.
-bool has(const std::vector<std::string>& env, const std::string& name) {
-  for (const std::string& e : env)
-    if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') return true;
-  return false;
-}
-
-void set(std::vector<std::string>& env, const std::string& name, const std::string& value) {
-  for (std::string& e : env)
-    if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') {
-      e = name + "=" + value;
-      return;
-    }
-  env.push_back(name + "=" + value);
 }
 
 int usable_cores() {
@@ -170,26 +252,6 @@ std::string shared_environment(const Config& c, std::vector<std::string>& env) {
   return hostid_prefix;
 }
 
-std::vector<std::vector<std::string>> rank_environments(const Config& c, const std::vector<std::string>& shared,
-                                                        const std::string& hostid_prefix, int restart) {
-  const int n = c.nproc_per_node;
-  std::vector<std::vector<std::string>> envs(static_cast<size_t>(n), shared);
-  for (int local = 0; local < n; ++local) {
-    std::vector<std::string>& env = envs[static_cast<size_t>(local)];
-    const int rank = c.node_rank * n + local;
-    set(env, "RANK", std::to_string(rank));
-    set(env, "WORLD_SIZE", std::to_string(c.nnodes * n));
-    set(env, "LOCAL_RANK", std::to_string(local));
-    set(env, "LOCAL_WORLD_SIZE", std::to_string(n));
-    set(env, "GROUP_RANK", std::to_string(c.node_rank));
-    set(env, "MASTER_ADDR", c.master_addr);
-    set(env, "MASTER_PORT", std::to_string(c.master_port));
-    set(env, "WEFT_RESTART_COUNT", std::to_string(restart));
-    if (!hostid_prefix.empty()) set(env, "NCCL_HOSTID", hostid_prefix + std::to_string(rank));
-  }
-  return envs;
-}
-
 // "; stopped ranks 0, 1 (rank 1 needed SIGKILL)"
 std::string stopped_clause(const RoundResult& r) {
   if (r.stopped.empty()) return "";
@@ -203,13 +265,22 @@ int run(const Config& c) {
   std::vector<std::string> shared;
   const std::string hostid_prefix = shared_environment(c, shared);
   GroupOptions options{c.command, !c.no_prefix, std::chrono::duration<double>(c.grace_period)};
+  if (!c.rdzv_endpoint.empty())
+    return run_agent({.endpoint_host = c.rdzv_host, .endpoint_port = c.rdzv_port, .job_id = c.rdzv_id,
+                      .rendezvous = c.rendezvous, .nproc_per_node = c.nproc_per_node,
+                      .max_restarts = c.max_restarts, .group = options, .shared = shared,
+                      .hostid_prefix = hostid_prefix});
+  Placement placement{.nproc = c.nproc_per_node, .first_rank = c.node_rank * c.nproc_per_node,
+                      .world_size = c.nnodes * c.nproc_per_node, .node_rank = c.node_rank, .num_nodes = c.nnodes,
+                      .master_addr = c.master_addr, .master_port = c.master_port};
   std::vector<int> ranks;
-  for (int local = 0; local < c.nproc_per_node; ++local) ranks.push_back(c.node_rank * c.nproc_per_node + local);
+  for (int local = 0; local < c.nproc_per_node; ++local) ranks.push_back(placement.first_rank + local);
 
   for (int restart = 0;; ++restart) {
     RoundResult r;
     {
-      Group group(options, ranks, rank_environments(c, shared, hostid_prefix, restart));
+      placement.restart_count = restart;
+      Group group(options, ranks, rank_environments(placement, shared, hostid_prefix));
       r = group.run();
     }
     if (!r.stuck.empty()) say(rank_list(r.stuck) + " still there 10 s after SIGKILL; giving up on waiting for it");
@@ -223,6 +294,7 @@ int run(const Config& c) {
         say(r.error + stopped_clause(r));
         return r.launch_exit_code;
       case RoundResult::Outcome::Failed:
+      case RoundResult::Outcome::Ended:  // only with a watch: elastic mode
         break;
     }
     std::string message = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") " + r.status.str() +
@@ -244,6 +316,10 @@ int main(int argc, char** argv) {
   Config c;
   if (std::optional<int> code = parse(argc, argv, c)) return *code;
   try {
+    if (c.rdzv_server) {
+      install_signal_handlers();
+      return serve_rendezvous(c.rdzv_host, c.rdzv_port);
+    }
     return run(c);
   } catch (const std::exception& e) {
     say(e.what());

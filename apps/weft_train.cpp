@@ -7,6 +7,10 @@
 // --metrics-json writes test_accuracy, final_loss, images_per_second, epochs,
 // world_size, mode and device at the end; bench/reference/train_convnet.py writes the
 // same for PyTorch.
+//
+// As a worker of an elastic job (WEFT_ELASTIC=1, set by weft-run's agent) it resumes from its
+// --checkpoint when that exists, so that every restart goes on where the job was
+// (train/elastic.h).
 #include <CLI/CLI.hpp>
 
 #include <charconv>
@@ -31,11 +35,13 @@
 #include "nn/models/mlp.h"
 #include "nn/models/resnet.h"
 #include "nn/optim/adam.h"
+#include "nn/optim/lr_scheduler.h"
 #include "nn/optim/sgd.h"
 #include "nn/safetensors.h"
 #include "parallel/data_parallel.h"
 #include "train/data_parallel_strategy.h"
 #include "train/distributed_strategy.h"
+#include "train/elastic.h"
 #include "train/launch.h"
 #include "train/pipeline_strategy.h"
 #include "train/train_loop.h"
@@ -47,6 +53,8 @@ namespace {
 struct Config {
   std::string model = "convnet", data = "fashion-mnist", data_dir = "/usr/share/datasets/fashion-mnist";
   std::string device, devices, optimizer = "sgd", mode = "single", checkpoint, resume, metrics_json, trace;
+  std::string lr_schedule = "constant";
+  int64_t checkpoint_every = 0;  // 0: checkpoints at epochs' ends only
   int epochs = 3, workers = 0, nproc = 0, nnodes = 1, node_rank = 0, master_port = 0;
   int microbatches = 4, virtual_stages = 0;  // 0: 2 with the interleaved schedule, else 1
   std::string schedule = "1f1b";
@@ -104,6 +112,8 @@ const std::vector<RunFlag>& run_flags() {
        [](Config& c, const std::string& v) { c.momentum = parse_exact(v); }},
       {"weight-decay", [](const Config& c) { return exact(weight_decay_of(c)); },
        [](Config& c, const std::string& v) { c.weight_decay = parse_exact(v); }},
+      {"lr-schedule", [](const Config& c) { return c.lr_schedule; },
+       [](Config& c, const std::string& v) { c.lr_schedule = v; }},
   };
   return flags;
 }
@@ -152,6 +162,15 @@ std::shared_ptr<nn::Module> make_model(const std::string& name) {
   if (name == "convnet") return std::make_shared<nn::ConvNet>();
   if (name == "mlp") return std::make_shared<nn::MLP>();
   return std::make_shared<nn::ResNet>();
+}
+
+// --lr-schedule, stepped after each epoch: cosine anneals from --lr to 0 over --epochs (the
+// first run's: a resumed run's T_max comes from its checkpoint); step halves the rate after
+// every epoch (StepLR, step_size 1, gamma 0.5), which needs no length and suits short runs.
+std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optimizer& optimizer) {
+  if (c.lr_schedule == "cosine") return std::make_shared<optim::CosineAnnealingLR>(optimizer, c.epochs);
+  if (c.lr_schedule == "step") return std::make_shared<optim::StepLR>(optimizer, 1, 0.5);
+  return nullptr;
 }
 
 std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, const std::vector<Tensor>& params) {
@@ -263,8 +282,26 @@ void write_metrics(const Config& c, const Metrics& m, train::TrainLoop& loop, tr
   file.commit();
 }
 
+// " (1200 samples into epoch 3)" when the loop stands in the middle of an epoch, else "".
+std::string mid_epoch(const train::TrainLoop& loop) {
+  if (loop.epoch_samples() == 0) return "";
+  return " (" + std::to_string(loop.epoch_samples()) + " samples into epoch " + std::to_string(loop.epoch() + 1) + ")";
+}
+
+// Relations between flags, checked before ranks are started.
+void check_flags(const Config& c) {
+  WEFT_CHECK(c.checkpoint_every == 0 || !c.checkpoint.empty(), "--checkpoint-every ", c.checkpoint_every,
+             " needs --checkpoint: the file its mid-epoch checkpoints are written to");
+}
+
 int run(Config c) {
   const bool main_process = !parallel::launched_as_rank() || parallel::read_launch_env().rank == 0;
+  const bool elastic = train::elastic_from_env(std::getenv("WEFT_ELASTIC"));
+  const train::ResumeChoice resume = train::choose_resume(elastic, c.checkpoint, c.resume);
+  c.resume = resume.path;
+  if (elastic && c.resume.empty() && main_process)
+    std::cout << "weft-train: elastic run: no checkpoint at " << c.checkpoint << " yet, starting from the beginning"
+              << std::endl;  // flushed: an elastic worker may well be killed before its buffer is
   if (!c.resume.empty()) continue_recorded_run(c, main_process);
   // Every output path is checked before the work (the loop checks --checkpoint and --trace).
   if (!c.metrics_json.empty() && main_process) check_writable(c.metrics_json, "--metrics-json");
@@ -301,11 +338,14 @@ int run(Config c) {
   std::shared_ptr<nn::Module> model = make_model(c.model);
   model->to(devices[0]);
   auto optimizer = make_optimizer(c, model->parameters());
+  auto scheduler = make_scheduler(c, *optimizer);
   nn::CrossEntropyLoss criterion;
 
   train::TrainLoopOptions options;
   options.strategy = make_strategy(c, mode, devices);
   options.checkpoint_path = c.checkpoint;
+  options.checkpoint_every = c.checkpoint_every;
+  options.scheduler = scheduler;
   options.checkpoint_metadata = run_record(c);
   options.progress = !c.no_progress;
   options.trace_path = c.trace;
@@ -313,8 +353,20 @@ int run(Config c) {
                         [criterion](const Tensor& out, const Tensor& y) { return criterion(out, y); }, options);
   if (!c.resume.empty()) {
     loop.resume(c.resume);
-    if (main_process) std::cout << "resumed from " << c.resume << " after epoch " << loop.epoch() << "\n";
-    if (c.given.count("lr") && c.lr != optimizer->lr()) {
+    if (main_process) {
+      if (resume.automatic)
+        std::cout << "weft-train: elastic run: resuming from " << c.resume << " after epoch " << loop.epoch()
+                  << mid_epoch(loop) << std::endl;
+      else
+        std::cout << "resumed from " << c.resume << " after epoch " << loop.epoch() << mid_epoch(loop) << std::endl;
+    }
+    // With a schedule the rate is the schedule's at every epoch: a new --lr would last one
+    // epoch. Repeating the run's own --lr (an elastic restart repeats its command line) is fine.
+    if (scheduler && c.given.count("lr"))
+      WEFT_CHECK(c.lr == scheduler->base_lr(), "--lr ", c.lr, " differs from the base learning rate ",
+                 scheduler->base_lr(), " of the run being resumed, whose --lr-schedule ", c.lr_schedule,
+                 " sets the rate at every epoch; leave --lr out, or start a new run without --resume");
+    if (!scheduler && c.given.count("lr") && c.lr != optimizer->lr()) {
       if (main_process)
         std::cout << "weft-train: --lr " << c.lr << " replaces the checkpoint's learning rate " << optimizer->lr()
                   << "\n";
@@ -322,8 +374,9 @@ int run(Config c) {
     }
     c.lr = optimizer->lr();
   }
+  const int ranks = loop.strategy().world_size();
   const std::string where = mode == train::ParallelMode::DistributedDataParallel
-                                ? "ddp over " + std::to_string(loop.strategy().world_size()) + " ranks (" +
+                                ? "ddp over " + std::to_string(ranks) + (ranks == 1 ? " rank (" : " ranks (") +
                                       device_list(devices) + " each)"
                                 : (devices.size() > 1 ? c.mode + " over " : "") + device_list(devices) +
                                       (mode == train::ParallelMode::Pipeline
@@ -332,8 +385,16 @@ int run(Config c) {
                                            : "");
   if (main_process)
     std::cout << "weft-train: " << c.model << " on " << c.data << " (" << train_set->size() << " train, "
-            << test_set->size() << " test), " << where << ", " << c.optimizer << " lr " << c.lr << ", batch "
-            << c.batch_size << ", " << num_threads() << " CPU threads\n";
+            << test_set->size() << " test), " << where << ", " << c.optimizer << " lr " << c.lr
+            << (scheduler ? " (" + c.lr_schedule + " schedule)" : "") << ", batch " << c.batch_size << ", "
+            << num_threads() << " CPU threads\n";
+  // Started by weft-run's elastic agents: the workers end a round at a checkpoint when nodes
+  // wait to join (train/elastic.h), and exit 0 so that the next round admits them.
+  std::shared_ptr<train::ElasticAdmission> admission;
+  if (const std::optional<train::ElasticEnv> env = train::read_elastic_env()) {
+    admission = std::make_shared<train::ElasticAdmission>(*env, loop.strategy().rank());
+    loop.add_callback(admission);
+  }
   Metrics metrics;
   if (c.epochs <= loop.epoch()) {
     // --epochs counts in total: a checkpoint that has them all has nothing left to train.
@@ -346,6 +407,12 @@ int run(Config c) {
     metrics.test_accuracy = test.accuracy;
   } else {
     metrics = metrics_of(loop.fit(c.epochs));
+    if (admission && admission->admitting()) {
+      if (main_process)
+        std::cout << "weft-train: elastic run: stopping at this checkpoint; the next round admits the waiting nodes"
+                  << std::endl;
+      return 0;
+    }
   }
   if (!c.metrics_json.empty() && main_process) write_metrics(c, metrics, loop, mode, devices);
   return 0;
@@ -393,7 +460,15 @@ int main(int argc, char** argv) {
   app.add_option("--seed", c.seed, "seed of the weights, the shuffling and dropout")->check(flags::unsigned_64());
   app.add_option("--workers", c.workers, "data-loader worker threads (at most " + std::to_string(kMaxWorkers) + ")")
       ->check(flags::integer(0, kMaxWorkers, "an integer from 0 to " + std::to_string(kMaxWorkers)));
-  app.add_option("--checkpoint", c.checkpoint, "save a checkpoint here after every epoch");
+  app.add_option("--lr-schedule", c.lr_schedule,
+                 "constant (default), cosine (to 0 over --epochs) or step (halved after every epoch); resuming: the "
+                 "checkpoint's")
+      ->check(CLI::IsMember({"constant", "cosine", "step"}));
+  app.add_option("--checkpoint", c.checkpoint,
+                 "save a checkpoint here after every epoch; with WEFT_ELASTIC=1, also resume from it when it exists");
+  app.add_option("--checkpoint-every", c.checkpoint_every,
+                 "also save the checkpoint every K steps inside an epoch (a resumed run goes on from that step)")
+      ->check(flags::integer<int64_t>(1, std::numeric_limits<int64_t>::max(), "a positive integer"));
   app.add_option("--resume", c.resume, "resume from this checkpoint");
   app.add_option("--metrics-json", c.metrics_json, "write the final metrics here");
   app.add_option("--trace", c.trace,
@@ -407,6 +482,7 @@ int main(int argc, char** argv) {
     // A resumed run must give the bits of an uninterrupted one (core/determinism.h);
     // WEFT_DETERMINISTIC=0 trades that for cuDNN's timed algorithm choice.
     use_deterministic_algorithms(deterministic_setting(std::getenv("WEFT_DETERMINISTIC"), true));
+    check_flags(c);
     // --mode ddp started by hand: this program again, as the ranks of a job under weft-run.
     if (c.mode == "ddp" && !parallel::launched_as_rank()) {
       const int ranks = c.nproc > 0 ? c.nproc : cuda_physical_device_count() > 0 ? cuda_physical_device_count() : 2;

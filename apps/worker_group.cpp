@@ -236,6 +236,15 @@ void Group::supervise() {
     }
     if (!any_running()) break;
     const auto now = Clock::now();
+    if (options_.watch && now >= next_watch_) {
+      next_watch_ = now + options_.watch_every;
+      std::string reason = options_.watch();
+      if (!reason.empty() && !stopping_) {
+        result_.outcome = RoundResult::Outcome::Ended;
+        result_.error = std::move(reason);
+        begin_stop();
+      }
+    }
     // A second SIGINT / SIGTERM while stopping for the first: no more grace.
     const bool impatient = result_.outcome == RoundResult::Outcome::Interrupted && g_stop_count >= 2;
     if (stopping_ && !killed_ && (now >= kill_at_ || impatient)) {
@@ -262,7 +271,7 @@ void Group::supervise() {
         }
     // Without a pending deadline SIGCHLD wakes the loop; the 1 s bound is a safety net.
     constexpr auto kSafetyNet = std::chrono::milliseconds(1000);
-    auto timeout = kSafetyNet;
+    auto timeout = options_.watch ? std::min<std::chrono::milliseconds>(kSafetyNet, options_.watch_every) : kSafetyNet;
     if (stopping_) {
       const auto deadline = killed_ ? give_up_at_ : kill_at_;
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);

@@ -19,6 +19,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,7 @@ struct ExitStatus {
 };
 
 struct RoundResult {
-  enum class Outcome { Succeeded, Failed, Interrupted, LaunchFailed };
+  enum class Outcome { Succeeded, Failed, Interrupted, LaunchFailed, Ended };
   Outcome outcome = Outcome::Succeeded;
   int rank = -1;  // Failed: the first rank seen failing; its pid and how it ended
   pid_t pid = -1;
@@ -45,7 +46,7 @@ struct RoundResult {
   std::vector<int> stopped;  // ranks still running when weft-run began to stop the group
   std::vector<int> killed;   // of those, the ones still running after the grace period
   std::vector<int> stuck;    // of those, the ones that not even SIGKILL removed in time
-  std::string error;         // LaunchFailed: what could not be started, and why
+  std::string error;         // LaunchFailed: what could not be started, and why; Ended: the watch's reason
   int launch_exit_code = 1;  // LaunchFailed: 127 when PROGRAM could not be executed
 };
 
@@ -53,6 +54,13 @@ struct GroupOptions {
   std::vector<std::string> argv;  // PROGRAM, then its arguments
   bool prefix = true;             // "[rank R] " before every line
   std::chrono::duration<double> grace{5.0};
+  // An elastic agent's look at its rendezvous (apps/elastic_agent.h): called about every
+  // watch_every while the round runs, and on while it stops (heartbeats go on). A
+  // non-empty answer while the workers run ends the round: they are stopped as after a
+  // failure, and the outcome is Ended with that reason. What it throws ends run() (the
+  // destructor then kills the workers).
+  std::function<std::string()> watch;
+  std::chrono::milliseconds watch_every{1000};
 };
 
 // Installs the handlers that wake the supervising loop, ignores SIGPIPE (a closed stdout
@@ -114,7 +122,7 @@ class Group {
   std::vector<Worker> workers_;
   RoundResult result_;
   bool stopping_ = false, killed_ = false;
-  Clock::time_point kill_at_, give_up_at_;
+  Clock::time_point kill_at_, give_up_at_, next_watch_;
 };
 
 }  // namespace weft::run

@@ -70,11 +70,12 @@ Batch pin_batch(Batch batch) {
 
 class DataLoader::Pass {
  public:
-  Pass(std::shared_ptr<const Dataset> dataset, const DataLoaderOptions& options, int64_t epoch,
+  Pass(std::shared_ptr<const Dataset> dataset, const DataLoaderOptions& options, int64_t epoch, int64_t first_batch,
        std::vector<std::vector<int64_t>> batches)
       : dataset_(std::move(dataset)),
         options_(options),
         epoch_(epoch),
+        first_batch_(first_batch),
         batches_(std::move(batches)),
         capacity_(options.num_workers * options.prefetch_factor),
         slots_(capacity_) {}
@@ -136,7 +137,9 @@ class DataLoader::Pass {
     Slot slot;
     try {
       NoGradGuard no_grad;
-      Generator gen(derive_seed(options_.seed, static_cast<uint64_t>(epoch_), static_cast<uint64_t>(index) + 1));
+      // Numbered within the epoch, not the pass: a resumed pass draws what the whole one did.
+      const uint64_t number = static_cast<uint64_t>(first_batch_ + index);
+      Generator gen(derive_seed(options_.seed, static_cast<uint64_t>(epoch_), number + 1));
       BatchGeneratorScope scope(gen);
       slot.batch = dataset_->get_batch(batches_[index]);
       if (options_.pin_memory) slot.batch = pin_batch(std::move(slot.batch));
@@ -185,6 +188,7 @@ class DataLoader::Pass {
   const std::shared_ptr<const Dataset> dataset_;
   const DataLoaderOptions options_;
   const int64_t epoch_;
+  const int64_t first_batch_;  // the epoch's number of batches_[0]
   const std::vector<std::vector<int64_t>> batches_;
   const int64_t capacity_;
 
@@ -226,7 +230,8 @@ void DataLoader::end_pass() noexcept {
 
 DataLoader::Iterator DataLoader::begin() {
   end_pass();
-  pass_ = std::make_shared<Pass>(dataset_, options_, batch_sampler_.epoch(), batch_sampler_.batches());
+  pass_ = std::make_shared<Pass>(dataset_, options_, batch_sampler_.epoch(), batch_sampler_.first_batch(),
+                                 batch_sampler_.batches());
   pass_->start_workers();
   Iterator it(pass_);
   pass_->advance();

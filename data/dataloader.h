@@ -15,6 +15,12 @@
 // index) — never by the worker that happens to load the batch.
 //
 // Order changes only with set_epoch() (see sampler.h): call it at the start of each epoch.
+// set_start(C) resumes an epoch after its first C samples (Note [Starting part-way into an
+// epoch] in sampler.h). Batch indices, and so the batch_generator() seeds, count from the
+// epoch's start, not the pass's: after set_start(C) the first batch is number
+// sampler.local_start() / batch_size. When C is a whole number of batches (what TrainLoop's
+// checkpoints record) a resumed pass therefore loads exactly the batches, random draws
+// included, that the uninterrupted pass loaded after its first C samples.
 // Only one pass runs at a time: begin() ends the previous pass (its iterators then throw).
 // Loading runs with grad mode off.
 #pragma once
@@ -41,7 +47,8 @@ struct DataLoaderOptions {
 
 // The generator for the batch being loaded on this thread: inside Dataset::get_batch /
 // get called by a DataLoader it is seeded derive_seed(seed, epoch, batch index + 1) (stream
-// 0 is the loader's shuffle); elsewhere it is default_generator().
+// 0 is the loader's shuffle; the index counts from the epoch's start, see set_start);
+// elsewhere it is default_generator().
 Generator& batch_generator();
 
 // Stages a batch in page-locked (pinned) host memory, so that its host-to-device copy is
@@ -90,10 +97,16 @@ class DataLoader {
   Iterator begin();
   Iterator end() { return Iterator(); }
 
-  // Batches per pass (len(loader)).
+  // Batches per pass (len(loader)); after set_start, those left.
   int64_t size() const { return batch_sampler_.size(); }
   void set_epoch(int64_t epoch) { batch_sampler_.set_epoch(epoch); }
   int64_t epoch() const { return batch_sampler_.epoch(); }
+  // The next passes skip the epoch's first `consumed` samples (global, over every rank of a
+  // DistributedSampler) until set_start(0). The sampler must support it (sampler.h).
+  void set_start(int64_t consumed) { batch_sampler_.set_start(consumed); }
+  int64_t start() const { return batch_sampler_.start(); }
+  // The epoch's batch number of a pass's first batch: 0 but after set_start.
+  int64_t first_batch() const { return batch_sampler_.first_batch(); }
 
   const DataLoaderOptions& options() const { return options_; }
   // The dataset, shared: what a caller needs to build another loader over the same data

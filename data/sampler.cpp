@@ -1,6 +1,7 @@
 // Samplers: index arithmetic (PyTorch's), permutations from weft::randperm.
 #include "data/sampler.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/error.h"
@@ -21,6 +22,12 @@ std::vector<int64_t> permutation(int64_t n, uint64_t generator_seed) {
   return randperm(n, DType::Int64, &gen).to_vector<int64_t>();
 }
 
+// `list` without its first `count` entries (all of them when count >= size).
+std::vector<int64_t> drop_front(std::vector<int64_t> list, int64_t count) {
+  list.erase(list.begin(), list.begin() + std::min<int64_t>(count, static_cast<int64_t>(list.size())));
+  return list;
+}
+
 void check_size(int64_t n, const char* who) {
   WEFT_CHECK(n >= 0, who, ": the dataset size must be non-negative, got ", n);
 }
@@ -38,14 +45,26 @@ uint64_t derive_seed(uint64_t seed, uint64_t epoch, uint64_t stream) {
   return (static_cast<uint64_t>(words[1]) << 32) | words[0];
 }
 
+void Sampler::set_start(int64_t consumed) {
+  WEFT_CHECK(consumed == 0, "Sampler::set_start(", consumed, "): this sampler cannot start part-way into an epoch "
+             "(override set_start to support resuming mid-epoch; SequentialSampler, RandomSampler and "
+             "DistributedSampler do)");
+  record_start(0);
+}
+
+void Sampler::record_start(int64_t consumed) {
+  WEFT_CHECK(consumed >= 0, "Sampler::set_start: the samples consumed must be non-negative, got ", consumed);
+  start_ = consumed;
+}
+
 SequentialSampler::SequentialSampler(int64_t n) : n_(n) { check_size(n, "SequentialSampler"); }
 
-std::vector<int64_t> SequentialSampler::indices() const { return iota(n_); }
+std::vector<int64_t> SequentialSampler::indices() const { return drop_front(iota(n_), start()); }
 
 RandomSampler::RandomSampler(int64_t n, uint64_t seed) : n_(n), seed_(seed) { check_size(n, "RandomSampler"); }
 
 std::vector<int64_t> RandomSampler::indices() const {
-  return permutation(n_, derive_seed(seed_, static_cast<uint64_t>(epoch())));
+  return drop_front(permutation(n_, derive_seed(seed_, static_cast<uint64_t>(epoch()))), start());
 }
 
 BatchSampler::BatchSampler(std::shared_ptr<Sampler> sampler, int64_t batch_size, bool drop_last)
@@ -83,29 +102,26 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t num_replica
       drop_last_(drop_last) {
   check_size(dataset_size, "DistributedSampler");
   check_replicas(num_replicas, rank, "DistributedSampler");
+}
+
+int64_t DistributedSampler::num_samples() const {
   // PyTorch: ceil((n - R) / R) with drop_last and a remainder, which is floor(n / R) (0
-  // when n < R); otherwise ceil(n / R).
-  if (drop_last && dataset_size % num_replicas != 0) {
-    num_samples_ = dataset_size / num_replicas;
-  } else {
-    num_samples_ = (dataset_size + num_replicas - 1) / num_replicas;
-  }
-  total_size_ = num_samples_ * num_replicas;
+  // when n < R); otherwise ceil(n / R). Here n is what is left of the epoch.
+  const int64_t n = remaining();
+  if (drop_last_ && n % num_replicas_ != 0) return n / num_replicas_;
+  return (n + num_replicas_ - 1) / num_replicas_;
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
-  std::vector<int64_t> all = shuffle_ ? permutation(dataset_size_, seed_ + static_cast<uint64_t>(epoch()))
-                                      : iota(dataset_size_);
-  const int64_t n = dataset_size_;
-  // Padding wraps around the list as many times as needed (n < total_size - n happens
-  // when n < R); with drop_last total_size <= n and the tail is cut.
-  if (total_size_ > n) {
-    all.resize(total_size_);
-    for (int64_t i = n; i < total_size_; ++i) all[i] = all[i % n];
-  }
+  const std::vector<int64_t> all = shuffle_ ? permutation(dataset_size_, seed_ + static_cast<uint64_t>(epoch()))
+                                            : iota(dataset_size_);
+  // Global position start() + j of the epoch's order, which wraps around the permutation (as
+  // many times as needed: n < total - n happens when n < R) to pad; with drop_last the
+  // total is at most what is left, and the tail is cut.
+  const int64_t n = dataset_size_, total = total_size();
   std::vector<int64_t> mine;
-  mine.reserve(num_samples_);
-  for (int64_t i = rank_; i < total_size_; i += num_replicas_) mine.push_back(all[i]);
+  mine.reserve(total / num_replicas_);
+  for (int64_t j = rank_; j < total; j += num_replicas_) mine.push_back(all[(start() + j) % n]);
   return mine;
 }
 

@@ -125,8 +125,11 @@ std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, con
     master_addr = env.master_addr;
     origin = env.source;
     WEFT_CHECK(rank >= 0 && rank < size, "init_process_group: rank ", rank, " is not in [0, ", size, ")");
-    store = std::make_shared<TCPStore>(env.master_addr, static_cast<uint16_t>(env.master_port), rank == 0,
-                                       options.timeout);
+    // Under an elastic agent the store is served already (by an agent): every rank connects.
+    const bool agent_store = !env.agent_store_prefix.empty();
+    store = std::make_shared<TCPStore>(env.master_addr, static_cast<uint16_t>(env.master_port),
+                                       rank == 0 && !agent_store, options.timeout);
+    if (agent_store) store = std::make_shared<PrefixStore>(env.agent_store_prefix, store);
   } else if (method.rfind("tcp://", 0) == 0 || method.rfind("file://", 0) == 0) {
     if ((rank < 0 || size < 0) && launched_as_rank()) {
       const LaunchEnv env = read_launch_env();

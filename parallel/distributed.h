@@ -12,7 +12,9 @@
 // "tcp://host:port") and every rank connects to it, or they share a FileStore
 // ("file:///path", one machine). Each rank then announces itself; a rank that has not
 // arrived when the timeout expires makes the others fail with an error naming the missing
-// ranks. The backends then connect through the store (Gloo: a full TCP mesh).
+// ranks. The backends then connect through the store (Gloo: a full TCP mesh). Under
+// weft-run's elastic agents (WEFT_AGENT_STORE_PREFIX set) the store at MASTER_ADDR:PORT is
+// theirs: no rank serves it, and each round's group keeps its keys under that prefix.
 //
 // WEFT_ALL_REDUCE=ring makes the groups' all_reduce weft's own ring (parallel/ring_allreduce.h)
 // instead of the backend's.

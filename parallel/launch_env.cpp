@@ -118,6 +118,7 @@ LaunchEnv read_launch_env() {
   if (e.source == "RANK/WORLD_SIZE") e.master_port = int_var("MASTER_PORT", 1, 65535);
   else e.master_port = int_var_or("MASTER_PORT", kDefaultMasterPort, 1, 65535);
   e.restart_count = int_var_or("WEFT_RESTART_COUNT", 0, 0, kMaxRanks);
+  e.agent_store_prefix = env("WEFT_AGENT_STORE_PREFIX").value_or("");
   return e;
 }
 

@@ -25,6 +25,9 @@ struct LaunchEnv {
   int master_port = 0;
   std::string source;  // "RANK/WORLD_SIZE", "Slurm" or "Open MPI"
   int restart_count = 0;  // WEFT_RESTART_COUNT (weft-run --max-restarts), else 0
+  // WEFT_AGENT_STORE_PREFIX (weft-run's elastic agents): the store at MASTER_ADDR:MASTER_PORT
+  // is the agents' rendezvous store, served already; the group's keys go under this prefix.
+  std::string agent_store_prefix;
 
   // One line for the log: "rank 1 of 4 (local 1 of 2) from Slurm, master node01:29500".
   std::string describe() const;

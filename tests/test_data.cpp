@@ -350,6 +350,152 @@ TEST_CASE("DistributedSampler: PyTorch's counts, coverage, shuffle seeded seed +
   CHECK(a.indices() == epoch0);
 }
 
+TEST_CASE("set_start: SequentialSampler, RandomSampler and BatchSampler skip the consumed prefix") {
+  SequentialSampler seq(7);
+  seq.set_start(3);
+  CHECK(seq.start() == 3);
+  CHECK(seq.size() == 4);
+  CHECK(seq.indices() == Indices{3, 4, 5, 6});
+  for (int64_t past_the_end : {7, 100}) {
+    seq.set_start(past_the_end);
+    CHECK(seq.size() == 0);
+    CHECK(seq.indices().empty());
+  }
+  seq.set_start(0);
+  CHECK(seq.indices() == SequentialSampler(7).indices());
+
+  RandomSampler whole(20, 4), rest(20, 4);
+  whole.set_epoch(2);
+  rest.set_epoch(2);
+  rest.set_start(6);
+  const Indices all = whole.indices();
+  CHECK(rest.size() == 14);
+  CHECK(rest.indices() == Indices(all.begin() + 6, all.end()));
+
+  auto inner = std::make_shared<SequentialSampler>(10);
+  BatchSampler batches(inner, 3, false);
+  batches.set_start(6);
+  CHECK(inner->start() == 6);
+  CHECK(batches.start() == 6);
+  CHECK(batches.first_batch() == 2);
+  CHECK(batches.size() == 2);
+  CHECK(batches.batches() == std::vector<Indices>{{6, 7, 8}, {9}});
+
+  CHECK_THROWS_WITH_AS(seq.set_start(-1), Contains("Sampler::set_start: the samples consumed must be non-negative, "
+                                                   "got -1"), Error);
+  // Evaluation runs whole: 0 is accepted, anything else refused rather than ignored.
+  DistributedEvalSampler eval(10, 2, 0);
+  eval.set_start(0);
+  CHECK_THROWS_WITH_AS(eval.set_start(4), Contains("Sampler::set_start(4): this sampler cannot start part-way into "
+                                                   "an epoch"), Error);
+}
+
+TEST_CASE("DistributedSampler::set_start: sampler.h's example, by hand") {
+  // n = 10 unshuffled; 2 steps of 1 sample on 2 ranks trained {0, 2} and {1, 3}: C = 4.
+  auto shards = [](int64_t replicas, bool drop_last) {
+    std::vector<Indices> out;
+    for (int64_t r = 0; r < replicas; ++r) {
+      DistributedSampler s(10, replicas, r, /*shuffle=*/false, 0, drop_last);
+      s.set_start(4);
+      CHECK(s.size() == static_cast<int64_t>(s.indices().size()));
+      out.push_back(s.indices());
+    }
+    return out;
+  };
+  CHECK(shards(3, false) == std::vector<Indices>{{4, 7}, {5, 8}, {6, 9}});
+  CHECK(shards(4, false) == std::vector<Indices>{{4, 8}, {5, 9}, {6, 0}, {7, 1}});  // padded with G[0], G[1]
+  CHECK(shards(4, true) == std::vector<Indices>{{4}, {5}, {6}, {7}});
+  CHECK(shards(2, false) == std::vector<Indices>{{4, 6, 8}, {5, 7, 9}});  // the same world: the rest of each list
+  CHECK(shards(1, false) == std::vector<Indices>{{4, 5, 6, 7, 8, 9}});
+
+  DistributedSampler s(10, 4, 1, false);
+  s.set_start(4);
+  CHECK(s.num_samples() == 2);
+  CHECK(s.total_size() == 8);
+  CHECK(s.local_start() == 1);  // 4 global positions are one per rank of 4
+  s.set_start(9);               // one sample left, padded to 4 from the start
+  CHECK(s.indices() == Indices{0});
+  s.set_start(10);
+  CHECK(s.size() == 0);
+  CHECK(s.total_size() == 0);
+  CHECK(s.indices().empty());
+  s.set_start(0);
+  CHECK(s.indices() == DistributedSampler(10, 4, 1, false).indices());
+}
+
+TEST_CASE("DistributedSampler::set_start: the trained prefix and the new shards cover the epoch once") {
+  // At every mid-epoch checkpoint of a run on R ranks with b samples a step, and for every
+  // new world size R2: the samples trained so far are the prefix G[0:C], the new shards
+  // interleave into the epoch's order from position C on, and prefix plus shards train
+  // every sample once, but for fewer than R2 padding repeats (or, with drop_last, fewer
+  // than R2 samples cut, as an uninterrupted epoch cuts its tail).
+  int64_t cases = 0;
+  for (int64_t n : {1, 2, 5, 10, 11, 31, 64}) {
+    Generator gen(42 + 3);
+    const Indices perm = randperm(n, DType::Int64, &gen).to_vector<int64_t>();
+    for (int64_t replicas : {1, 2, 3, 4}) {
+      for (bool drop_last : {false, true}) {
+        std::vector<Indices> before;
+        for (int64_t r = 0; r < replicas; ++r) {
+          DistributedSampler s(n, replicas, r, /*shuffle=*/true, 42, drop_last);
+          s.set_epoch(3);
+          before.push_back(s.indices());
+        }
+        const int64_t per_rank = static_cast<int64_t>(before[0].size());
+        for (int64_t batch : {1, 3}) {
+          for (int64_t steps = 1; steps * batch < per_rank; ++steps) {
+            const int64_t consumed = steps * batch * replicas;
+            CAPTURE(n);
+            CAPTURE(replicas);
+            CAPTURE(drop_last);
+            CAPTURE(consumed);
+            REQUIRE(consumed < n);
+            Indices trained;
+            for (const Indices& mine : before)
+              trained.insert(trained.end(), mine.begin(), mine.begin() + steps * batch);
+            std::sort(trained.begin(), trained.end());
+            Indices prefix(perm.begin(), perm.begin() + consumed);
+            std::sort(prefix.begin(), prefix.end());
+            CHECK(trained == prefix);
+            for (int64_t replicas2 : {1, 2, 3, 5}) {
+              CAPTURE(replicas2);
+              const int64_t left = n - consumed;
+              const int64_t per_rank2 = torch_num_samples(left, replicas2, drop_last);
+              Indices global(per_rank2 * replicas2);
+              for (int64_t r = 0; r < replicas2; ++r) {
+                DistributedSampler s(n, replicas2, r, true, 42, drop_last);
+                s.set_epoch(3);
+                s.set_start(consumed);
+                Indices mine = s.indices();
+                REQUIRE(static_cast<int64_t>(mine.size()) == per_rank2);
+                CHECK(s.size() == per_rank2);
+                for (int64_t k = 0; k < per_rank2; ++k) global[k * replicas2 + r] = mine[k];
+                if (replicas2 == replicas) CHECK(mine == Indices(before[r].begin() + steps * batch, before[r].end()));
+              }
+              for (size_t j = 0; j < global.size(); ++j) CHECK(global[j] == perm[(consumed + j) % n]);
+              std::map<int64_t, int64_t> times;
+              for (int64_t i : prefix) times[i]++;
+              for (int64_t i : global) times[i]++;
+              int64_t repeats = 0;
+              for (auto [index, count] : times) repeats += count - 1;
+              if (drop_last) {
+                CHECK(repeats == 0);
+                CHECK(static_cast<int64_t>(times.size()) == n - left % replicas2);
+              } else {
+                CHECK(static_cast<int64_t>(times.size()) == n);
+                CHECK(repeats == per_rank2 * replicas2 - left);
+                CHECK(repeats < replicas2);
+              }
+              ++cases;
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(cases > 500);
+}
+
 TEST_CASE("DistributedSampler and DistributedEvalSampler: argument errors") {
   CHECK_THROWS_WITH_AS(DistributedSampler(10, 3, 3),
                        Contains("DistributedSampler: invalid rank 3, rank should be in the interval [0, 2]"), Error);

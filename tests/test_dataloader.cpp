@@ -129,6 +129,33 @@ TEST_CASE("the same batches for num_workers 0, 1, 3 (shuffled, with per-batch ra
   CHECK(runs[0][0].data.to_vector<float>() != clean.data.to_vector<float>());
 }
 
+TEST_CASE("set_start: a resumed pass loads the uninterrupted pass's batches, per-batch randomness included") {
+  auto ds = std::make_shared<NoisyDataset>(37);
+  for (int64_t workers : {0, 2}) {
+    CAPTURE(workers);
+    DataLoader whole(ds, {.batch_size = 5, .shuffle = true, .num_workers = workers, .seed = 11});
+    whole.set_epoch(1);
+    const std::vector<Batch> all = collect(whole);
+    DataLoader rest(ds, {.batch_size = 5, .shuffle = true, .num_workers = workers, .seed = 11});
+    rest.set_epoch(1);
+    rest.set_start(15);
+    CHECK(rest.start() == 15);
+    CHECK(rest.first_batch() == 3);
+    CHECK(rest.size() == 5);
+    check_same_batches(collect(rest), std::vector<Batch>(all.begin() + 3, all.end()));
+    rest.set_start(0);
+    check_same_batches(collect(rest), all);
+  }
+  // Through a DistributedSampler the batches are numbered by this rank's positions: 2 steps
+  // of 3 samples on 2 ranks consumed 12, and rank 1 goes on at its batch 2.
+  auto sampler = std::make_shared<DistributedSampler>(37, 2, 1, true, 4);
+  DataLoader whole(ds, {.batch_size = 3}, sampler);
+  const std::vector<Batch> all = collect(whole);
+  whole.set_start(12);
+  CHECK(whole.first_batch() == 2);
+  check_same_batches(collect(whole), std::vector<Batch>(all.begin() + 2, all.end()));
+}
+
 TEST_CASE("shuffle: reproducible by seed, different across epochs, each epoch a permutation") {
   auto ds = rows(30);
   auto order = [&](uint64_t seed, int64_t epoch, int64_t workers) {

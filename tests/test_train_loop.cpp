@@ -1,5 +1,6 @@
 // TrainLoop: training reduces the loss, callbacks fire in order, evaluation counts, and
-// a run resumed from a checkpoint ends bit-identical to one that never stopped.
+// a run resumed from a checkpoint (at an epoch's end or in the middle of one, with a
+// learning-rate schedule) ends bit-identical to one that never stopped.
 #include "test_util.h"
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "nn/loss.h"
 #include "nn/models/mlp.h"
 #include "nn/optim/adam.h"
+#include "nn/optim/lr_scheduler.h"
 #include "nn/optim/sgd.h"
 #include "nn/safetensors.h"
 #include "nn/activation.h"
@@ -34,28 +36,58 @@ std::shared_ptr<data::Dataset> blobs(int64_t n, uint64_t seed) {
   return std::make_shared<data::TensorDataset>(x, labels);
 }
 
+// Adds noise drawn from data::batch_generator(), seeded per batch: a resumed epoch must
+// number its batches as the uninterrupted one did.
+class Jittered : public data::Dataset {
+ public:
+  explicit Jittered(std::shared_ptr<data::Dataset> inner) : inner_(std::move(inner)) {}
+  int64_t size() const override { return inner_->size(); }
+  data::Example get(int64_t index) const override { return inner_->get(index); }
+  data::Batch get_batch(const std::vector<int64_t>& indices) const override {
+    data::Batch b = inner_->get_batch(indices);
+    b.data = add(b.data, mul(randn(b.data.shape(), DType::Float32, &data::batch_generator()), 0.3));
+    return b;
+  }
+
+ private:
+  std::shared_ptr<data::Dataset> inner_;
+};
+
 struct Run {
   std::shared_ptr<nn::Module> model;
   std::shared_ptr<optim::Optimizer> optimizer;
+  std::shared_ptr<optim::LRScheduler> scheduler;
   std::unique_ptr<train::TrainLoop> loop;
 };
 
+struct RunExtras {
+  int64_t checkpoint_every = 0;
+  bool cosine = false;  // a CosineAnnealingLR with T_max 4, stepped per epoch
+  bool jitter = false;  // the training samples get per-batch noise (Jittered)
+};
+
 // A fresh set-up; `init_seed` decides the initial weights (a resumed run must not care).
-Run make_run(uint64_t init_seed, bool adam, const std::string& checkpoint, std::ostream& log) {
+// 256 training samples in batches of 32: 8 steps an epoch.
+Run make_run(uint64_t init_seed, bool adam, const std::string& checkpoint, std::ostream& log, RunExtras extras = {}) {
   Run r;
   manual_seed(init_seed);
   r.model = std::make_shared<nn::MLP>(8, std::vector<int64_t>{16}, 4, /*dropout=*/0.2);
   if (adam) r.optimizer = std::make_shared<optim::Adam>(r.model->parameters(), optim::AdamOptions{0.01});
   else r.optimizer = std::make_shared<optim::SGD>(r.model->parameters(), optim::SGDOptions{0.05, 0.9});
+  if (extras.cosine) r.scheduler = std::make_shared<optim::CosineAnnealingLR>(*r.optimizer, 4);
   data::DataLoaderOptions o;
   o.batch_size = 32;
   o.shuffle = true;
   o.seed = 5;
-  auto train = std::make_shared<data::DataLoader>(blobs(256, 1), o);
+  std::shared_ptr<data::Dataset> train_set = blobs(256, 1);
+  if (extras.jitter) train_set = std::make_shared<Jittered>(train_set);
+  auto train = std::make_shared<data::DataLoader>(train_set, o);
   o.shuffle = false;
   auto test = std::make_shared<data::DataLoader>(blobs(128, 2), o);
   train::TrainLoopOptions options;
   options.checkpoint_path = checkpoint;
+  options.checkpoint_every = extras.checkpoint_every;
+  options.scheduler = r.scheduler;
   options.log = &log;
   nn::CrossEntropyLoss loss;
   r.loop = std::make_unique<train::TrainLoop>(r.model, train, nullptr, test, r.optimizer,
@@ -67,6 +99,27 @@ Run make_run(uint64_t init_seed, bool adam, const std::string& checkpoint, std::
 std::string scratch(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("weft_test_loop_" + std::to_string(::getpid()) + name)).string();
 }
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Requests a stop at the checkpoint of (epoch, epoch_samples); records every checkpoint it
+// sees as "epoch/samples", read back from the file (which must be complete by then).
+struct StopAt : train::Callback {
+  int epoch;
+  int64_t samples;
+  std::vector<std::string> seen;
+  StopAt(int e, int64_t s) : epoch(e), samples(s) {}
+  void on_checkpoint(train::TrainLoop& loop) override {
+    auto meta = load_safetensors_metadata(loop.options().checkpoint_path);
+    seen.push_back(meta.at("epoch") + "/" + meta.at("epoch_samples"));
+    CHECK(meta.at("epoch") == std::to_string(loop.epoch()));
+    CHECK(meta.at("epoch_samples") == std::to_string(loop.epoch_samples()));
+    if (loop.epoch() == epoch && loop.epoch_samples() == samples) loop.request_stop();
+  }
+};
 
 struct Recorder : train::Callback {
   std::vector<std::string> events;
@@ -136,6 +189,166 @@ TEST_CASE("resuming from the epoch-1 checkpoint ends with the same weights") {
   }
 }
 
+TEST_CASE("a run stopped at a mid-epoch checkpoint and resumed in a fresh loop ends as an uninterrupted one") {
+  // Every 3 steps of 8: checkpoints 96 and 192 samples into each epoch. The stop comes at
+  // 192 samples into epoch 2, the resumed loop trains the last 2 steps of epoch 2 and epoch
+  // 3. With dropout, per-batch noise and a cosine schedule, everything must come out
+  // bitwise: weights, optimizer state, the epochs' mean losses, the learning rate and the
+  // final checkpoint file.
+  for (bool adam : {false, true}) {
+    CAPTURE(adam);
+    std::ostringstream log, resumed_log;
+    const RunExtras extras{.checkpoint_every = 3, .cosine = true, .jitter = true};
+    const std::string straight = scratch("mid_straight.safetensors"), stopped = scratch("mid_stopped.safetensors");
+    Run a = make_run(7, adam, straight, log, extras);
+    const std::vector<train::EpochResult> expected = a.loop->fit(3);
+
+    Run b = make_run(7, adam, stopped, log, extras);
+    auto stop = std::make_shared<StopAt>(1, 192);
+    b.loop->add_callback(stop);
+    const std::vector<train::EpochResult> first = b.loop->fit(3);
+    REQUIRE(first.size() == 1);  // epoch 1 completed, epoch 2 stopped part-way
+    CHECK(first[0].train_loss == expected[0].train_loss);
+    CHECK(stop->seen == std::vector<std::string>{"0/96", "0/192", "1/0", "1/96", "1/192"});
+    CHECK(b.loop->epoch() == 1);
+    CHECK(b.loop->epoch_samples() == 192);
+    auto meta = load_safetensors_metadata(stopped);
+    CHECK(meta.at("epoch_batches") == "6");
+    CHECK(meta.at("scheduler") == "CosineAnnealingLR");
+    CHECK(meta.at("scheduler.last_epoch") == "1");
+    b = Run();
+
+    manual_seed(12345);  // disturb the generator: resume must restore it
+    Run c = make_run(8, adam, stopped, resumed_log, extras);  // other initial weights: resume overwrites them
+    c.loop->resume(stopped);
+    CHECK(c.loop->epoch() == 1);
+    CHECK(c.loop->epoch_samples() == 192);
+    CHECK(c.scheduler->last_epoch() == 1);
+    CHECK(c.optimizer->lr() == c.scheduler->lr_at(1));
+    const std::vector<train::EpochResult> rest = c.loop->fit(3);
+    REQUIRE(rest.size() == 2);
+    CHECK(rest[0].epoch == 2);
+    // The main process's sum went on from the recorded one: the same additions, in order.
+    CHECK(rest[0].train_loss == expected[1].train_loss);
+    CHECK(rest[1].train_loss == expected[2].train_loss);
+    CHECK(c.optimizer->lr() == a.optimizer->lr());
+    CHECK(c.optimizer->lr() > 0);
+    CHECK(c.scheduler->last_epoch() == 3);
+    CHECK(c.loop->epoch_samples() == 0);
+    // The resumed epoch's progress counts on from step 6 of 8.
+    CHECK(resumed_log.str().find("epoch 2/3 step 7/8") != std::string::npos);
+    CHECK(resumed_log.str().find("epoch 2/3 step 1/8") == std::string::npos);
+
+    auto pa = a.model->parameters(), pc = c.model->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) CHECK_CLOSE(pc[i], pa[i], 0, 0);
+    auto sa = a.optimizer->state_dict(), sc = c.optimizer->state_dict();
+    REQUIRE(sa.tensors.size() == sc.tensors.size());
+    for (size_t i = 0; i < sa.tensors.size(); ++i) CHECK_CLOSE(sc.tensors[i].second, sa.tensors[i].second, 0, 0);
+    CHECK(file_bytes(stopped) == file_bytes(straight));
+    std::filesystem::remove(straight);
+    std::filesystem::remove(stopped);
+  }
+}
+
+TEST_CASE("request_stop ends fit at the next checkpoint point; fit clears it") {
+  std::ostringstream log;
+  const std::string path = scratch("stop.safetensors");
+  Run r = make_run(3, false, path, log, {.checkpoint_every = 5});
+  struct Recorder : train::Callback {
+    std::vector<std::string> events;
+    void on_checkpoint(train::TrainLoop& loop) override {
+      events.push_back("checkpoint " + std::to_string(loop.epoch()) + "/" + std::to_string(loop.epoch_samples()));
+    }
+    void on_epoch_end(train::TrainLoop& loop, const train::EpochResult& result) override {
+      events.push_back("end " + std::to_string(result.epoch));
+      if (result.epoch == 2) loop.request_stop();  // takes effect at this epoch's end
+    }
+  };
+  auto recorder = std::make_shared<Recorder>();
+  r.loop->add_callback(recorder);
+  CHECK(r.loop->fit(5).size() == 2);
+  CHECK(r.loop->stop_requested());
+  CHECK(recorder->events == std::vector<std::string>{"checkpoint 0/160", "checkpoint 1/0", "end 1",
+                                                     "checkpoint 1/160", "checkpoint 2/0", "end 2"});
+  CHECK(r.loop->epoch() == 2);
+  CHECK(load_safetensors_metadata(path).at("epoch") == "2");
+  CHECK(r.loop->fit(3).size() == 1);  // a new fit() starts without the old request
+  CHECK(r.loop->epoch() == 3);
+  std::filesystem::remove(path);
+
+  // Without a checkpoint path there are no mid-epoch points: a stop asked for in the middle
+  // of epoch 1 ends fit() at that epoch's end.
+  Run quiet = make_run(3, false, "", log);
+  struct StopSoon : train::Callback {
+    void on_batch_end(train::TrainLoop& loop, int64_t step, double) override {
+      if (step == 2) loop.request_stop();
+    }
+  };
+  quiet.loop->add_callback(std::make_shared<StopSoon>());
+  CHECK(quiet.loop->fit(3).size() == 1);
+  CHECK(quiet.loop->epoch() == 1);
+}
+
+TEST_CASE("mid-epoch checkpoints and schedulers: options, old checkpoints and mismatches") {
+  std::ostringstream log;
+  auto build = [&](train::TrainLoopOptions options, std::shared_ptr<optim::Optimizer> optimizer = nullptr) {
+    Run r = make_run(1, false, "", log);
+    options.log = &log;
+    return train::TrainLoop(r.model, std::make_shared<data::DataLoader>(blobs(64, 1)), nullptr, nullptr,
+                            optimizer ? optimizer : r.optimizer,
+                            [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); }, options);
+  };
+  CHECK_THROWS_WITH_AS(build({.checkpoint_every = 2}), Contains("TrainLoop: checkpoint_every = 2 needs a "
+                                                                "checkpoint_path"), Error);
+  CHECK_THROWS_WITH_AS(build({.checkpoint_path = "x", .checkpoint_every = -1}),
+                       Contains("checkpoint_every must be non-negative"), Error);
+  for (const char* key : {"epoch_samples", "epoch_loss_sum", "epoch_batches", "scheduler", "scheduler.T_max"}) {
+    CAPTURE(key);
+    CHECK_THROWS_WITH_AS(build({.checkpoint_metadata = {{key, "1"}}}), Contains("is reserved for the loop's"), Error);
+  }
+  {
+    Run other = make_run(1, false, "", log);
+    auto sgd = std::make_shared<optim::SGD>(other.model->parameters(), optim::SGDOptions{0.1});
+    auto foreign = std::make_shared<optim::StepLR>(*sgd, 1);
+    CHECK_THROWS_WITH_AS(build({.scheduler = foreign}), Contains("the StepLR scheduler acts on another optimizer"),
+                         Error);
+  }
+
+  // A checkpoint with a cosine schedule, 5 steps into epoch 2.
+  const std::string path = scratch("sched.safetensors"), old = scratch("old.safetensors");
+  Run r = make_run(3, false, path, log, {.checkpoint_every = 5, .cosine = true});
+  r.loop->add_callback(std::make_shared<StopAt>(1, 160));
+  r.loop->fit(3);
+  {
+    Run none = make_run(3, false, "", log);
+    CHECK_THROWS_WITH_AS(none.loop->resume(path), Contains("holds the state of a CosineAnnealingLR learning-rate "
+                                                           "scheduler, but this loop has none"), Error);
+    CHECK(none.loop->epoch() == 0);  // nothing changed
+    Run step = make_run(3, false, "", log);
+    auto step_lr = std::make_shared<optim::StepLR>(*step.optimizer, 1);
+    train::TrainLoop with_step(step.model, std::make_shared<data::DataLoader>(blobs(64, 1)), nullptr, nullptr,
+                               step.optimizer, [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); },
+                               {.scheduler = step_lr, .log = &log});
+    CHECK_THROWS_WITH_AS(with_step.resume(path), Contains("was written with a CosineAnnealingLR scheduler, but this "
+                                                          "loop has a StepLR"), Error);
+  }
+  // Written before mid-epoch checkpoints and schedulers existed: no such keys, an epoch's end.
+  SafetensorsFile file = load_safetensors(path);
+  for (const char* key : {"epoch_samples", "epoch_loss_sum", "epoch_batches", "scheduler", "scheduler.T_max",
+                          "scheduler.eta_min", "scheduler.base_lr", "scheduler.last_epoch"})
+    file.metadata.erase(key);
+  save_safetensors(old, file.tensors, file.metadata);
+  Run plain = make_run(3, false, "", log);
+  plain.loop->resume(old);
+  CHECK(plain.loop->epoch() == 1);
+  CHECK(plain.loop->epoch_samples() == 0);
+  Run cosine = make_run(3, false, "", log, {.cosine = true});
+  CHECK_THROWS_WITH_AS(cosine.loop->resume(old), Contains("was written without a learning-rate scheduler, but this "
+                                                          "loop has a CosineAnnealingLR"), Error);
+  std::filesystem::remove(path);
+  std::filesystem::remove(old);
+}
+
 TEST_CASE("the pipeline mode trains like one device: same weights, same batches") {
   // Two epochs of a 4-layer Sequential, once on cpu:0 and once split over cpu:0 / cpu:1 with
   // 4 micro-batches under 1F1B (float32: micro-batches sum in another order, hence 1e-5).
@@ -175,10 +388,7 @@ TEST_CASE("a diverged run stops with a message and keeps the last good checkpoin
   const std::string path = scratch("diverged.safetensors");
   Run r = make_run(7, false, path, log);
   r.loop->fit(1);
-  auto read = [&] {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
+  auto read = [&] { return file_bytes(path); };
   const std::string good = read();
   REQUIRE(!good.empty());
   {

@@ -160,6 +160,18 @@ bad_flag "unknown option --bogus" --bogus 3 --nproc-per-node 1 true
 bad_flag "no PROGRAM to run" --nproc-per-node 1
 bad_flag "--master-port: Value 70000 not in range" --nproc-per-node 1 --master-port 70000 true
 bad_flag "--grace-period: Value -1 not in range" --nproc-per-node 1 --grace-period -1 true
+# Elastic mode's flags (tests/weft_run_elastic.sh runs the mode itself).
+bad_flag "--nnodes 1:2 is an elastic range: it needs --rdzv-endpoint" --nproc-per-node 1 --nnodes 1:2 true
+bad_flag "--nnodes '2:x' is neither a node count N nor a range MIN:MAX" --nproc-per-node 1 --nnodes 2:x true
+bad_flag "--nnodes 3:2: MIN is above MAX" --nproc-per-node 1 --nnodes 3:2 --rdzv-endpoint 127.0.0.1:1 true
+bad_flag "--rdzv-endpoint 'here' is not HOST:PORT" --nproc-per-node 1 --rdzv-endpoint here true
+bad_flag "--rdzv-conf: unknown key 'timeout'" --nproc-per-node 1 --rdzv-endpoint h:1 --rdzv-conf timeout=3 true
+bad_flag "--rdzv-conf join_timeout=-1: expected KEY=SECONDS" --nproc-per-node 1 --rdzv-endpoint h:1 \
+  --rdzv-conf join_timeout=-1 true
+bad_flag "--node-rank is for a fixed job" --nproc-per-node 1 --rdzv-endpoint h:1 --node-rank 0 true
+bad_flag "--rdzv-id 'a/b' must be a non-empty word" --nproc-per-node 1 --rdzv-endpoint h:1 --rdzv-id a/b true
+bad_flag "--rdzv-server needs --rdzv-endpoint" --rdzv-server
+bad_flag "--rdzv-server runs no PROGRAM ('true' given)" --rdzv-server --rdzv-endpoint h:1 true
 no_leftovers "the last cases"
 
 echo "weft-run: environment, whole lines, failure stop in ${failure_ms} ms, restart, SIGINT stop in ${sigint_ms} ms," \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # weft-train as a user runs it (synthetic data, so it needs no files and is quick):
 # 2 epochs straight and 1 epoch + --resume must write byte-identical checkpoints (weights,
-# optimizer state, epoch, generator state), the metrics file must hold every field, and
-# bad arguments must fail with a message.
+# optimizer state, epoch, generator state), so must a run killed (SIGKILL) again and again
+# while it checkpoints every step; the metrics file must hold every field, bad arguments
+# must fail with a message, and an elastic worker (WEFT_ELASTIC=1) resumes by itself.
 #   weft_train_cli.sh PATH/TO/weft-train
 set -euo pipefail
 train=$1
@@ -88,6 +89,57 @@ touch "$dir/resumed.st.tmp.$dead_pid"
 [ ! -e "$dir/resumed.st.tmp.$dead_pid" ] || { echo "FAIL: a stale checkpoint temporary was left"; exit 1; }
 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 expect_failure "was started as rank 1 of 2" --data synthetic
 
+# Mid-epoch checkpoints and elastic runs: the flags they need.
+expect_failure "--checkpoint-every 2 needs --checkpoint" --data synthetic --checkpoint-every 2
+expect_failure "--checkpoint-every: must be a positive integer, got '0'" --data synthetic --checkpoint-every 0
+WEFT_ELASTIC=1 expect_failure "WEFT_ELASTIC=1: a worker of an elastic job needs --checkpoint" --data synthetic
+WEFT_ELASTIC=yes expect_failure "WEFT_ELASTIC must be 1 (a worker of an elastic job) or 0, got 'yes'" \
+  --data synthetic --checkpoint "$dir/elastic.st"
+WEFT_ELASTIC=1 expect_failure "--resume '$dir/straight.st' is not --checkpoint '$dir/elastic.st'" --data synthetic \
+  --resume "$dir/straight.st" --checkpoint "$dir/elastic.st"
+
+# The metadata entry KEY of a checkpoint: the safetensors header is JSON at the file's start.
+meta() {
+  head -c 16384 "$1" 2> /dev/null | tr -c '[:print:]' '\n' | sed -n "s/.*\"$2\":\"\([^\"]*\)\".*/\1/p" | head -n 1
+}
+
+# SIGKILL at random moments of a run that checkpoints every step, under a cosine schedule:
+# the file is replaced atomically, so whatever the moment, what is there loads (each restart
+# resumes from it, mid-epoch or not), and the run ends with the bits of an uninterrupted one.
+killed=(--data synthetic --model mlp --optimizer adam --lr 0.002 --batch-size 250 --seed 3 --no-progress --epochs 2
+        --lr-schedule cosine --checkpoint-every 1)
+timeout 60 "$train" "${killed[@]}" --checkpoint "$dir/unkilled.st" > /dev/null
+mid_epoch_resumes=0
+for attempt in 1 2 3 4 5 6; do
+  resume=()
+  [ -e "$dir/killed.st" ] && resume=(--resume "$dir/killed.st")
+  "$train" "${killed[@]}" --checkpoint "$dir/killed.st" "${resume[@]}" > "$dir/killed_run.log" 2>&1 &
+  pid=$!
+  sleep "0.$((RANDOM % 5 + 1))"
+  kill -9 $pid 2> /dev/null || true  # (it may have finished)
+  status=0
+  wait $pid 2> /dev/null || status=$?  # (no "Killed" line from the shell)
+  [ $status = 0 ] || [ $status = 137 ] ||
+    { echo "FAIL: restart $attempt of the killed run exited with status $status:"; cat "$dir/killed_run.log"; exit 1; }
+  if grep -q "samples into epoch" "$dir/killed_run.log"; then mid_epoch_resumes=$((mid_epoch_resumes + 1)); fi
+done
+resume=()
+[ -e "$dir/killed.st" ] && resume=(--resume "$dir/killed.st")
+timeout 60 "$train" "${killed[@]}" --checkpoint "$dir/killed.st" "${resume[@]}" > "$dir/killed_run.log" 2>&1 ||
+  { echo "FAIL: the last restart of the killed run:"; cat "$dir/killed_run.log"; exit 1; }
+cmp "$dir/unkilled.st" "$dir/killed.st" ||
+  { echo "FAIL: a run killed and restarted differs from an uninterrupted one"; exit 1; }
+# The schedule is the run's: resuming takes it from the checkpoint (cosine over that run's 2
+# epochs: epoch 3 starts at lr 0), refuses another, and refuses a new --lr (the schedule would
+# overrule it after one epoch) but not the run's own.
+expect_failure "--lr-schedule step differs from the run being resumed" --data synthetic --lr-schedule step \
+  --epochs 3 --resume "$dir/unkilled.st"
+expect_failure "--lr 0.5 differs from the base learning rate 0.002 of the run being resumed" --data synthetic \
+  --lr 0.5 --epochs 3 --resume "$dir/unkilled.st"
+"$train" --data synthetic --no-progress --lr 0.002 --epochs 3 --resume "$dir/unkilled.st" > "$dir/schedule.log" &&
+  grep -q "adam lr 0 (cosine schedule)" "$dir/schedule.log" && grep -q "epoch 3/3: .*, lr 0," "$dir/schedule.log" ||
+  { echo "FAIL: resuming a cosine schedule:"; cat "$dir/schedule.log"; exit 1; }
+
 # --mode dp reaches the single-device accuracy at the same total batch (one epoch of the
 # MLP: real data when it is installed, else the synthetic set).
 data=(--data synthetic)
@@ -116,16 +168,60 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 ddp_accuracy=$(value "$dir/ddp.json" test_accuracy)
 awk -v a="$single_accuracy" -v b="$ddp_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' ||
   { echo "FAIL: ddp test accuracy $ddp_accuracy is not within 0.01 of the single-device $single_accuracy"; exit 1; }
-# A ddp run resumes as a single one does: every rank reads rank 0's checkpoint.
+# A ddp run resumes as a single one does: every rank reads rank 0's checkpoint. Here twice:
+# after epoch 1, then from a checkpoint inside epoch 2 (--checkpoint-every 5; the job stopped
+# with SIGTERM right after it), and still ends with the uninterrupted run's bytes.
 ddp=(--mode ddp --nproc 2 --master-port "$(free_port)")
 "$train" "${common[@]}" "${ddp[@]}" --epochs 2 --checkpoint "$dir/ddp_straight.st" > "$dir/ddp_straight.log" 2>&1 ||
   { echo "FAIL: ddp with --checkpoint:"; cat "$dir/ddp_straight.log"; exit 1; }
 "$train" "${common[@]}" "${ddp[@]}" --epochs 1 --checkpoint "$dir/ddp_resumed.st" > /dev/null 2>&1
 "$train" "${common[@]}" "${ddp[@]}" --epochs 2 --resume "$dir/ddp_resumed.st" --checkpoint "$dir/ddp_resumed.st" \
+  --checkpoint-every 5 > "$dir/ddp_resume.log" 2>&1 &
+launcher=$!
+for _ in $(seq 1 300); do
+  [ "$(meta "$dir/ddp_resumed.st" epoch)" = 1 ] && [ "$(meta "$dir/ddp_resumed.st" epoch_samples)" != 0 ] && break
+  sleep 0.02
+done
+kill -TERM $launcher 2> /dev/null || true
+timeout 60 tail --pid=$launcher -f /dev/null || true
+wait $launcher 2> /dev/null || true
+stopped_at=$(meta "$dir/ddp_resumed.st" epoch_samples)
+"$train" "${common[@]}" "${ddp[@]}" --epochs 2 --resume "$dir/ddp_resumed.st" --checkpoint "$dir/ddp_resumed.st" \
   > "$dir/ddp_resume.log" 2>&1 || { echo "FAIL: ddp --resume:"; cat "$dir/ddp_resume.log"; exit 1; }
+[ "$stopped_at" = 0 ] || grep -q "resumed from .* after epoch 1 ($stopped_at samples into epoch 2)" \
+  "$dir/ddp_resume.log" ||
+  { echo "FAIL: the ddp run stopped $stopped_at samples into epoch 2 did not resume there:"; cat "$dir/ddp_resume.log"
+    exit 1; }
 cmp "$dir/ddp_straight.st" "$dir/ddp_resumed.st" ||
   { echo "FAIL: a resumed ddp run differs from an uninterrupted one"; exit 1; }
 expect_failure "--mode ddp runs one process per device" --data synthetic --mode ddp --nproc 2 --devices cpu:0,cpu:1
+
+# An elastic worker resumes from its --checkpoint by itself, with another world size: one
+# process is killed just after a mid-epoch checkpoint, then 2 ddp ranks finish that epoch.
+elastic=(--data synthetic --model mlp --optimizer adam --lr 0.002 --batch-size 100 --seed 3 --no-progress
+         --checkpoint-every 10 --checkpoint "$dir/elastic.st")
+WEFT_ELASTIC=1 "$train" "${elastic[@]}" --epochs 30 > "$dir/elastic_first.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 200); do
+  [ -n "$(meta "$dir/elastic.st" epoch_samples | grep -v '^0$')" ] && break
+  sleep 0.05
+done
+kill -9 $pid 2> /dev/null || true
+wait $pid 2> /dev/null || true
+grep -q "elastic run: no checkpoint at $dir/elastic.st yet, starting from the beginning" "$dir/elastic_first.log" ||
+  { echo "FAIL: the first elastic run:"; cat "$dir/elastic_first.log"; exit 1; }
+done_epochs=$(meta "$dir/elastic.st" epoch) done_samples=$(meta "$dir/elastic.st" epoch_samples)
+[ -n "$done_epochs" ] && [ "$done_samples" != 0 ] ||
+  { echo "FAIL: no mid-epoch checkpoint (epoch '$done_epochs', samples '$done_samples')"; exit 1; }
+next=$((done_epochs + 1))
+WEFT_ELASTIC=1 timeout 120 "$train" "${elastic[@]}" --epochs $next --mode ddp --nproc 2 --master-port "$(free_port)" \
+  > "$dir/elastic.log" 2>&1 || { echo "FAIL: the elastic ddp restart:"; cat "$dir/elastic.log"; exit 1; }
+resumed_line="elastic run: resuming from $dir/elastic.st after epoch $done_epochs"
+resumed_line+=" ($done_samples samples into epoch $next)"
+grep -qF "$resumed_line" "$dir/elastic.log" && grep -q "epoch $next/$next: train loss" "$dir/elastic.log" ||
+  { echo "FAIL: the elastic restart did not resume mid-epoch:"; cat "$dir/elastic.log"; exit 1; }
+[ "$(meta "$dir/elastic.st" epoch)" = $next ] && [ "$(meta "$dir/elastic.st" epoch_samples)" = 0 ] ||
+  { echo "FAIL: the elastic restart's checkpoint is not at the end of epoch $next"; exit 1; }
 
 # --mode pipeline: the ConvNet in two stages, four micro-batches a batch under 1F1B, reaches
 # the single-device accuracy (the same gradients up to rounding); its checkpoints resume on
@@ -170,4 +266,5 @@ wait $launcher && { echo "FAIL: the ddp job succeeded after its rank 1 was kille
 grep -q "rank 1 (pid $victim) was killed by signal 9" "$dir/killed.log" ||
   { echo "FAIL: weft-run did not name the killed rank:"; cat "$dir/killed.log"; exit 1; }
 
-echo "weft-train: resume is byte-identical (single and ddp); metrics and errors as expected; dp accuracy $dp_accuracy, ddp $ddp_accuracy vs single $single_accuracy (${data[*]}); pipeline $pipe_accuracy vs single $conv_accuracy (convnet, synthetic)"
+echo "weft-train: resume is byte-identical (single, ddp, after SIGKILLs: $mid_epoch_resumes of 7 restarts mid-epoch);" \
+  "metrics and errors as expected; dp accuracy $dp_accuracy, ddp $ddp_accuracy vs single $single_accuracy (${data[*]}); pipeline $pipe_accuracy vs single $conv_accuracy (convnet, synthetic)"

@@ -56,4 +56,6 @@ Totals DistributedStrategy::reduce(const Totals& local) {
   return {v[0], v[1], v[2], v[3]};
 }
 
+void DistributedStrategy::barrier() { group_->barrier()->wait(); }
+
 }  // namespace weft::train

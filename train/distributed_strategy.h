@@ -39,6 +39,7 @@ class DistributedStrategy final : public Strategy {
   Device input_device() const override { return device_; }
   std::shared_ptr<data::DataLoader> shard(std::shared_ptr<data::DataLoader> loader, bool training) override;
   Totals reduce(const Totals& local) override;
+  void barrier() override;
 
   parallel::DistributedDataParallel& ddp() const;
 

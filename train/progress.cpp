@@ -9,8 +9,8 @@
 
 namespace weft::train {
 
-Progress::Progress(std::ostream& out, bool bar, int epoch, int epochs, int64_t steps)
-    : out_(out), bar_(bar), epoch_(epoch), epochs_(epochs), steps_(steps),
+Progress::Progress(std::ostream& out, bool bar, int epoch, int epochs, int64_t steps, int64_t first_step)
+    : out_(out), bar_(bar), epoch_(epoch), epochs_(epochs), steps_(steps), first_step_(first_step),
       start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
 
 bool Progress::is_terminal(const std::ostream& out) { return &out == &std::cout && ::isatty(STDOUT_FILENO); }
@@ -19,7 +19,8 @@ void Progress::update(int64_t steps_done, double loss, int64_t images_done) {
   auto now = std::chrono::steady_clock::now();
   double elapsed = std::chrono::duration<double>(now - start_).count();
   double rate = elapsed > 0 ? images_done / elapsed : 0;
-  double eta = steps_done > 0 ? elapsed * (steps_ - steps_done) / steps_done : 0;
+  const int64_t done_here = steps_done - first_step_;
+  double eta = done_here > 0 ? elapsed * (steps_ - steps_done) / done_here : 0;
   if (!due(steps_done)) return;
   if (bar_) {
     last_draw_ = now;
@@ -40,7 +41,7 @@ void Progress::update(int64_t steps_done, double loss, int64_t images_done) {
 bool Progress::due(int64_t steps_done) const {
   // Redrawing a bar more than ten times a second only costs time.
   if (bar_) return steps_done >= steps_ || std::chrono::steady_clock::now() - last_draw_ >= std::chrono::milliseconds(100);
-  return steps_done >= next_line_ && steps_done != 0;
+  return steps_done >= next_line_ && steps_done != first_step_;
 }
 
 void Progress::finish() {

@@ -74,6 +74,9 @@ class Strategy {
                             optim::Optimizer& optimizer);
   // This process's totals combined over every process of the run (ddp: all-reduced).
   virtual Totals reduce(const Totals& local) { return local; }
+  // Returns once every process of the run has called it (ddp: the group's barrier): after
+  // a checkpoint, so that every rank's Callback::on_checkpoint finds rank 0's file complete.
+  virtual void barrier() {}
 };
 
 // The model runs on the device it is on; given a device, the model is moved there first.

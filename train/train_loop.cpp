@@ -24,6 +24,20 @@
 
 namespace weft::train {
 
+namespace {
+
+// The checkpoint metadata the loop writes itself (TrainLoopOptions::checkpoint_metadata may
+// not use these keys).
+bool is_loop_metadata(const std::string& key) {
+  for (const char* exact : {"format", "epoch", "epoch_samples", "epoch_loss_sum", "epoch_batches", "scheduler"})
+    if (key == exact) return true;
+  for (const char* prefix : {"rng.", "optimizer.", "scheduler."})
+    if (key.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
 TrainLoop::TrainLoop(std::shared_ptr<nn::Module> model, std::shared_ptr<data::DataLoader> train_loader,
                      std::shared_ptr<data::DataLoader> val_loader, std::shared_ptr<data::DataLoader> test_loader,
                      std::shared_ptr<optim::Optimizer> optimizer, Criterion criterion, TrainLoopOptions options)
@@ -33,8 +47,15 @@ TrainLoop::TrainLoop(std::shared_ptr<nn::Module> model, std::shared_ptr<data::Da
   WEFT_CHECK(model_ && train_loader_ && optimizer_ && criterion_, "TrainLoop: the model, the train loader, the "
              "optimizer and the criterion are required");
   for (const auto& [key, value] : options_.checkpoint_metadata)
-    WEFT_CHECK(key != "format" && key != "epoch" && key.rfind("rng.", 0) != 0 && key.rfind("optimizer.", 0) != 0,
-               "TrainLoop: checkpoint_metadata key '", key, "' is reserved for the loop's own entries");
+    WEFT_CHECK(!is_loop_metadata(key), "TrainLoop: checkpoint_metadata key '", key,
+               "' is reserved for the loop's own entries");
+  WEFT_CHECK(options_.checkpoint_every >= 0, "TrainLoop: checkpoint_every must be non-negative (0: only at epochs' "
+             "ends), got ", options_.checkpoint_every);
+  WEFT_CHECK(options_.checkpoint_every == 0 || !options_.checkpoint_path.empty(), "TrainLoop: checkpoint_every = ",
+             options_.checkpoint_every, " needs a checkpoint_path to write the checkpoints to");
+  WEFT_CHECK(!options_.scheduler || &options_.scheduler->optimizer() == optimizer_.get(), "TrainLoop: the ",
+             options_.scheduler ? options_.scheduler->name() : "", " scheduler acts on another optimizer than the "
+             "loop's");
   if (!strategy_) strategy_ = std::make_shared<SingleDevice>();
   runner_ = strategy_->prepare(model_);
   train_loader_ = strategy_->shard(train_loader_, /*training=*/true);
@@ -65,27 +86,46 @@ std::ostream& log_stream(const TrainLoopOptions& o, const Strategy& strategy) {
 
 void TrainLoop::check_finite_loss(double loss, int epoch, const std::string& where) const {
   if (std::isfinite(loss)) return;
+  const std::string path = " ('" + options_.checkpoint_path + "') is kept";
   const std::string kept = options_.checkpoint_path.empty() ? ""
-                           : epoch > 1                      ? "; the checkpoint of epoch " + std::to_string(epoch - 1) +
-                                                                 " ('" + options_.checkpoint_path + "') is kept"
-                                                            : "; no checkpoint was written";
-  WEFT_FAIL("training diverged: the loss is ", std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf", " in epoch ", epoch, " (", where,
-            "), so the weights are no longer usable", kept,
+                           : epoch_samples_ > 0 ? "; the checkpoint from " + std::to_string(epoch_samples_) +
+                                                      " samples into epoch " + std::to_string(epoch_ + 1) + path
+                           : epoch > 1          ? "; the checkpoint of epoch " + std::to_string(epoch - 1) + path
+                                                : "; no checkpoint was written";
+  WEFT_FAIL("training diverged: the loss is ", std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf", " in epoch ",
+            epoch, " (", where, "), so the weights are no longer usable", kept,
             ". Lower the learning rate or clip the gradients, then resume from the last checkpoint.");
 }
 
-EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
+void TrainLoop::checkpoint_point() {
+  if (options_.checkpoint_path.empty()) return;
+  if (strategy_->is_main_process()) save_checkpoint(options_.checkpoint_path);
+  strategy_->barrier();
+  for (auto& cb : callbacks_) cb->on_checkpoint(*this);
+}
+
+std::optional<EpochResult> TrainLoop::train_epoch(int epoch, int epochs) {
   std::ostream& log = log_stream(options_, *strategy_);
   runner_->train();
   train_loader_->set_epoch(epoch - 1);
-  const int64_t steps = static_cast<int64_t>(train_loader_->size());
+  // A resumed epoch skips what its checkpoint's run trained (Note [Mid-epoch checkpoints]);
+  // `first` is the epoch's number of this pass's first batch, so steps count from the epoch's
+  // start. The recorded totals are the base that this pass adds to.
+  train_loader_->set_start(epoch_samples_);
+  const int64_t first = train_loader_->first_batch();
+  const int64_t steps = first + train_loader_->size();
+  const int64_t base_samples = epoch_samples_, base_batches = epoch_batches_;
+  const int64_t every = options_.checkpoint_every;
   const Device device = strategy_->input_device();
-  Progress progress(log, strategy_->is_main_process() && Progress::is_terminal(log), epoch, epochs, steps);
+  Progress progress(log, strategy_->is_main_process() && Progress::is_terminal(log), epoch, epochs, steps, first);
   // The epoch's loss is summed on the device; a batch's loss is read back (a host
   // synchronisation on a GPU, which would stall the queue of launches) only when a
-  // callback or the progress display needs it.
-  Tensor loss_sum = zeros({}, TensorOptions(DType::Float64, device));
-  int64_t step = 0, images = 0;
+  // callback or the progress display needs it. The main process's sum starts from the
+  // recorded partial one (the others' from 0): the additions of an uninterrupted run, in its order.
+  Tensor loss_sum =
+      full({}, strategy_->is_main_process() ? epoch_loss_sum_ : 0.0, TensorOptions(DType::Float64, device));
+  int64_t step = first, images = 0;
+  bool stopped = false;
   auto start = std::chrono::steady_clock::now();
   // Batches reach the device one ahead: on a GPU the next upload overlaps this step.
   for (const data::Batch& batch : data::DevicePrefetcher(*train_loader_, device)) {
@@ -107,19 +147,38 @@ EpochResult TrainLoop::train_epoch(int epoch, int epochs) {
       if (show) progress.update(step, value, images);
       check_finite_loss(value, epoch, "step " + std::to_string(step) + " of " + std::to_string(steps));
     }
+    // Every rank has as many batches, so every rank takes this branch at the same step and
+    // meets the others in reduce().
+    if (every > 0 && step % every == 0 && step < steps) {
+      Totals so_far = strategy_->reduce({.loss = loss_sum.item(), .samples = static_cast<double>(images),
+                                         .batches = static_cast<double>(step - first)});
+      check_finite_loss(so_far.loss, epoch, "the sum of its first " + std::to_string(step) + " steps");
+      epoch_samples_ = base_samples + static_cast<int64_t>(so_far.samples);
+      epoch_loss_sum_ = so_far.loss;  // the main process's sum started from the recorded one
+      epoch_batches_ = base_batches + static_cast<int64_t>(so_far.batches);
+      checkpoint_point();
+      if (stop_requested_) {
+        stopped = true;
+        break;
+      }
+    }
   }
+  train_loader_->set_start(0);  // later passes (and epochs) are whole
   progress.finish();
+  if (stopped) return std::nullopt;
   // Reading the sum waits for the device: the epoch's time is honest.
-  Totals totals = strategy_->reduce({.loss = step > 0 ? loss_sum.item() : 0.0,
+  Totals totals = strategy_->reduce({.loss = loss_sum.item(),
                                      .samples = static_cast<double>(images),
-                                     .batches = static_cast<double>(step)});
+                                     .batches = static_cast<double>(step - first)});
   // A non-finite step anywhere makes the sum non-finite: divergence is caught here at the
   // latest, with no read-back per step, and before the epoch's checkpoint is written.
   check_finite_loss(totals.loss, epoch, "the epoch's mean");
+  const double batches = static_cast<double>(base_batches) + totals.batches;
   EpochResult result;
   result.epoch = epoch;
-  result.train_loss = totals.batches > 0 ? totals.loss / totals.batches : 0;
+  result.train_loss = batches > 0 ? totals.loss / batches : 0;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The speed of this pass: samples trained before a resume took another run's time.
   result.images_per_second = result.seconds > 0 ? totals.samples / result.seconds : 0;
   return result;
 }
@@ -139,22 +198,30 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
       if (on) trace::stop();
     }
   } stop_tracing{tracing};
+  stop_requested_ = false;
   std::vector<EpochResult> results;
   while (epoch_ < epochs) {
     int epoch = epoch_ + 1;
     for (auto& cb : callbacks_) cb->on_epoch_begin(*this, epoch);
-    EpochResult result = train_epoch(epoch, epochs);
+    std::optional<EpochResult> trained = train_epoch(epoch, epochs);
+    if (!trained) break;  // stopped at a mid-epoch checkpoint
+    EpochResult result = *trained;
+    const double lr = optimizer_->lr();  // the epoch's, before the schedule moves it
+    if (options_.scheduler) options_.scheduler->step();
     if (val_loader_) result.val = evaluate(*val_loader_);
     if (test_loader_) result.test = evaluate(*test_loader_);
     epoch_ = epoch;
+    epoch_samples_ = 0, epoch_loss_sum_ = 0, epoch_batches_ = 0;
     log << "epoch " << epoch << "/" << epochs << ": train loss " << std::fixed << std::setprecision(4)
         << result.train_loss;
     if (result.val) log << ", val loss " << result.val->loss << ", val accuracy " << result.val->accuracy;
     if (result.test) log << ", test accuracy " << result.test->accuracy;
+    if (options_.scheduler) log << ", lr " << std::defaultfloat << std::setprecision(6) << lr << std::fixed;
     log << ", " << std::setprecision(0) << result.images_per_second << " images/s" << std::endl;
-    if (!options_.checkpoint_path.empty() && strategy_->is_main_process()) save_checkpoint(options_.checkpoint_path);
+    checkpoint_point();
     for (auto& cb : callbacks_) cb->on_epoch_end(*this, result);
     results.push_back(result);
+    if (stop_requested_) break;
   }
   if (tracing) trace::write(trace_path);
   return results;
@@ -198,10 +265,13 @@ std::optional<Evaluation> TrainLoop::evaluate_test() {
 // --- checkpoints ----------------------------------------------------------------------
 //
 // One safetensors file: "model.<name>" and "optimizer.<name>" tensors; metadata holds
-// the epoch, the optimizer's scalars, every default generator's state as
-// "rng.<device>.seed" and "rng.<device>.offset", and options.checkpoint_metadata. Doubles
-// are written with 17 significant digits, which reads back to the same double. Format 1
-// (one generator: "rng.seed", "rng.offset", for cpu:0) is still read.
+// the epoch, the unfinished epoch's position and partial totals ("epoch_samples",
+// "epoch_loss_sum", "epoch_batches": Note [Mid-epoch checkpoints]; a checkpoint without
+// them is at an epoch's end), the optimizer's scalars, the scheduler's ("scheduler" = its
+// name, "scheduler.<key>"), every default generator's state as "rng.<device>.seed" and
+// "rng.<device>.offset", and options.checkpoint_metadata. Doubles are written with 17
+// significant digits, which reads back to the same double. Format 1 (one generator:
+// "rng.seed", "rng.offset", for cpu:0) is still read.
 
 namespace {
 
@@ -278,12 +348,20 @@ void TrainLoop::save_checkpoint(const std::string& path) const {
   }
   optim::OptimizerState state = optimizer_->state_dict();
   for (auto& [name, t] : state.tensors) tensors.emplace_back("optimizer." + name, t);
-  std::map<std::string, std::string> meta{{"format", kFormat}, {"epoch", std::to_string(epoch_)}};
+  std::map<std::string, std::string> meta{{"format", kFormat},
+                                          {"epoch", std::to_string(epoch_)},
+                                          {"epoch_samples", std::to_string(epoch_samples_)},
+                                          {"epoch_loss_sum", exact(epoch_loss_sum_)},
+                                          {"epoch_batches", std::to_string(epoch_batches_)}};
   for (auto& [device, gen] : default_generators()) {
     meta["rng." + device.str() + ".seed"] = std::to_string(gen->seed());
     meta["rng." + device.str() + ".offset"] = std::to_string(gen->offset());
   }
   for (auto& [name, v] : state.scalars) meta["optimizer." + name] = exact(v);
+  if (options_.scheduler) {
+    meta["scheduler"] = options_.scheduler->name();
+    for (auto& [name, v] : options_.scheduler->state_dict()) meta["scheduler." + name] = exact(v);
+  }
   meta.insert(options_.checkpoint_metadata.begin(), options_.checkpoint_metadata.end());
   save_safetensors(path, tensors, meta);
 }
@@ -300,16 +378,51 @@ void TrainLoop::resume(const std::string& path) {
     else if (name.rfind("optimizer.", 0) == 0) optimizer_state.tensors.emplace_back(name.substr(10), t);
     else WEFT_FAIL("resume: '", path, "' holds an unexpected tensor '", name, "'");
   }
-  for (auto& [key, value] : file.metadata)
+  std::map<std::string, double> scheduler_state;
+  for (auto& [key, value] : file.metadata) {
     if (key.rfind("optimizer.", 0) == 0) optimizer_state.scalars[key.substr(10)] = parse_double(file.metadata, key, path);
+    if (key.rfind("scheduler.", 0) == 0) scheduler_state[key.substr(10)] = parse_double(file.metadata, key, path);
+  }
   // Everything is read and checked before anything is changed.
   auto generators = read_generator_states(file.metadata, format->second, path);
   const uint64_t epoch = parse_u64(file.metadata, "epoch", path);
   WEFT_CHECK(epoch <= static_cast<uint64_t>(std::numeric_limits<int>::max()), "resume: checkpoint '", path,
              "': metadata 'epoch' is ", epoch, ", more epochs than a run can have");
+  // Absent (a checkpoint written before mid-epoch checkpoints existed): an epoch's end.
+  auto count = [&](const std::string& key) -> int64_t {
+    if (!file.metadata.count(key)) return 0;
+    const uint64_t v = parse_u64(file.metadata, key, path);
+    WEFT_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), "resume: checkpoint '", path,
+               "': metadata '", key, "' is ", v, ", out of range");
+    return static_cast<int64_t>(v);
+  };
+  const int64_t epoch_samples = count("epoch_samples"), epoch_batches = count("epoch_batches");
+  const double epoch_loss_sum =
+      file.metadata.count("epoch_loss_sum") ? parse_double(file.metadata, "epoch_loss_sum", path) : 0.0;
+  auto saved_scheduler = file.metadata.find("scheduler");
+  if (options_.scheduler) {
+    const std::string& mine = options_.scheduler->name();
+    WEFT_CHECK(saved_scheduler != file.metadata.end(), "resume: checkpoint '", path, "' was written without a "
+               "learning-rate scheduler, but this loop has a ", mine, " (its schedule would restart at epoch ",
+               epoch, "); resume without a scheduler, or start a new run");
+    WEFT_CHECK(saved_scheduler->second == mine, "resume: checkpoint '", path, "' was written with a ",
+               saved_scheduler->second, " scheduler, but this loop has a ", mine);
+    try {
+      options_.scheduler->check_state_dict(scheduler_state);
+    } catch (const Error& e) {
+      WEFT_FAIL("resume: checkpoint '", path, "': ", e.what());
+    }
+  } else {
+    WEFT_CHECK(saved_scheduler == file.metadata.end() && scheduler_state.empty(), "resume: checkpoint '", path,
+               "' holds the state of a ", saved_scheduler != file.metadata.end() ? saved_scheduler->second : "",
+               " learning-rate scheduler, but this loop has none (TrainLoopOptions::scheduler): its learning rate "
+               "would stay where the schedule left it");
+  }
   model_->load_state_dict(model_state);
   optimizer_->load_state_dict(optimizer_state);
+  if (options_.scheduler) options_.scheduler->load_state_dict(scheduler_state);
   epoch_ = static_cast<int>(epoch);
+  epoch_samples_ = epoch_samples, epoch_loss_sum_ = epoch_loss_sum, epoch_batches_ = epoch_batches;
   for (auto& [device, seed, offset] : generators) {
     default_generator(device).manual_seed(seed);
     default_generator(device).set_offset(offset);
