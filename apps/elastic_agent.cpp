@@ -18,10 +18,8 @@ namespace {
 using parallel::ElasticRendezvous;
 using parallel::RendezvousRound;
 
-// How long a client keeps trying to reach the store, and waits for one answer.
-constexpr std::chrono::seconds kStoreTimeout{60};
-// How long the agent serving the store waits for the others to leave at the end.
-constexpr std::chrono::seconds kLeaveTimeout{10};
+// How long a client keeps trying to reach the store when it starts.
+constexpr std::chrono::seconds kConnectTimeout{60};
 
 std::string this_host() {
   char name[256] = {};
@@ -31,16 +29,21 @@ std::string this_host() {
 
 // The first agent that can listen on the endpoint serves the store; the others (and
 // agents on other machines, where the address is not theirs) connect to it.
+// Once connected, one request waits at most half a heartbeat timeout (at least 1 s): a
+// store that stops answering must not hold up the supervising loop (worker_group.h).
 std::shared_ptr<parallel::TCPStore> open_store(const AgentConfig& c) {
   const auto port = static_cast<uint16_t>(c.endpoint_port);
+  std::shared_ptr<parallel::TCPStore> store;
   try {
-    auto store = std::make_shared<parallel::TCPStore>(c.endpoint_host, port, /*is_server=*/true, kStoreTimeout);
+    store = std::make_shared<parallel::TCPStore>(c.endpoint_host, port, /*is_server=*/true, kConnectTimeout);
     say("serving the rendezvous store on " + c.endpoint_host + ":" + std::to_string(port) +
         " (the job needs this weft-run until it ends; weft-run --rdzv-server serves it alone)");
-    return store;
   } catch (const Error&) {
-    return std::make_shared<parallel::TCPStore>(c.endpoint_host, port, /*is_server=*/false, kStoreTimeout);
+    store = std::make_shared<parallel::TCPStore>(c.endpoint_host, port, /*is_server=*/false, kConnectTimeout);
   }
+  store->set_timeout(std::max<std::chrono::milliseconds>(std::chrono::seconds(1),
+                                                         c.rendezvous.heartbeat_timeout / 2));
+  return store;
 }
 
 std::string stopped_clause(const RoundResult& r) {
@@ -88,6 +91,9 @@ int Agent::run() {
       std::to_string(c_.endpoint_port) + ", " + std::to_string(c_.rendezvous.min_nodes) + " to " +
       std::to_string(c_.rendezvous.max_nodes) + " nodes of " + std::to_string(c_.nproc_per_node) +
       (c_.nproc_per_node == 1 ? " worker" : " workers"));
+  // A long-lived --rdzv-server may hold an earlier job of the same name.
+  WEFT_CHECK(!rdzv_.store().check({"done"}), "job '", c_.job_id, "' at ", c_.endpoint_host, ":", c_.endpoint_port,
+             " has finished already; give this job its own --rdzv-id");
   for (;;) {
     std::optional<RendezvousRound> round;
     try {
@@ -107,6 +113,7 @@ int Agent::run() {
     say(name + ": " + node_name(*round) + " of " + std::to_string(round->num_nodes()) + " [" + members +
         "], world size " + std::to_string(round->world_size()) + ", ranks " + std::to_string(first) + ".." +
         std::to_string(first + c_.nproc_per_node - 1) + " here");
+    failed_status_ = 1;
     const RoundResult r = run_round(*round);
     if (!r.stuck.empty()) say(rank_list(r.stuck) + " still there 10 s after SIGKILL; giving up on waiting for it");
     switch (r.outcome) {
@@ -129,18 +136,22 @@ int Agent::run() {
                                    node_name(*round) + ") " + r.status.str();
         const std::string stands = rdzv_.end_round(round->number, reason, /*failure=*/true);
         say(reason + stopped_clause(r) + (stands == reason ? "" : "; the round had ended already: " + stands));
+        if (stop_signal() != 0) {  // told to stop while stopping the workers: no new round
+          say("exiting with " + std::to_string(128 + stop_signal()));
+          return finish(*round, 128 + stop_signal());
+        }
         break;
       }
       case RoundResult::Outcome::Interrupted:
         rdzv_.end_round(round->number, node_name(*round) + " was stopped (signal " + std::to_string(r.signal) + ")",
                         /*failure=*/false);
         say("exiting with " + std::to_string(128 + r.signal) + stopped_clause(r));
-        return 128 + r.signal;
+        return finish(*round, 128 + r.signal);
       case RoundResult::Outcome::LaunchFailed:
         rdzv_.end_round(round->number, node_name(*round) + " could not start its workers: " + r.error,
                         /*failure=*/true);
         say(r.error + stopped_clause(r));
-        return r.launch_exit_code;
+        return finish(*round, r.launch_exit_code);
     }
     // The round ended and the job goes on: a failure costs every member one restart.
     if (!rdzv_.ended_by_failure(round->number)) continue;
@@ -191,9 +202,15 @@ RoundResult Agent::run_round(const RendezvousRound& round) {
 int Agent::finish(const RendezvousRound& round, int status) {
   try {
     rdzv_.leave(round.number);
-    // Serving the store, after a success: the others may still be reading the end.
-    if (store_->is_server() && status == 0)
-      rdzv_.wait_for_others_to_leave(round.number, round.num_nodes(), kLeaveTimeout);
+    if (!store_->is_server() || stop_signal() != 0) return status;
+    if (status == 0) {
+      rdzv_.wait_for_others_to_leave(round);  // they may still be reading the job's end
+      return status;
+    }
+    // Leaving a job that goes on: its store stays until the job ends (or nobody is left).
+    say("this weft-run serves the rendezvous store: it keeps serving, without workers, until the job ends");
+    for (int64_t watched = -1; stop_signal() == 0 && rdzv_.job_alive(watched);)
+      std::this_thread::sleep_for(c_.rendezvous.poll_interval);
   } catch (const std::exception&) {
     // Leaving is best effort: a store already gone has nobody left to wait for.
   }
@@ -213,7 +230,7 @@ int run_agent(const AgentConfig& config) {
 }
 
 int serve_rendezvous(const std::string& host, int port) {
-  parallel::TCPStore store(host, static_cast<uint16_t>(port), /*is_server=*/true, kStoreTimeout);
+  parallel::TCPStore store(host, static_cast<uint16_t>(port), /*is_server=*/true, kConnectTimeout);
   say("serving the rendezvous store on " + host + ":" + std::to_string(store.port()) + " until SIGINT or SIGTERM");
   while (stop_signal() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   say("stopping the rendezvous store");

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <sstream>
@@ -91,6 +92,17 @@ std::optional<std::string> parse_rdzv_conf(Config& c) {
       return "--rdzv-conf: unknown key '" + key +
              "' (join_timeout, last_call_timeout, keep_alive_interval, heartbeat_timeout)";
   }
+  // An agent looks at its peers about once a second (GroupOptions::watch_every).
+  const auto& r = c.rendezvous;
+  auto text = [](std::chrono::milliseconds ms) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "%g s", static_cast<double>(ms.count()) / 1000.0);
+    return std::string(buffer);
+  };
+  if (r.heartbeat_timeout <= r.keep_alive_interval + std::chrono::seconds(1))
+    return "--rdzv-conf: heartbeat_timeout (" + text(r.heartbeat_timeout) + ") must be longer than "
+           "keep_alive_interval (" + text(r.keep_alive_interval) + ") plus 1 s, or every agent would look silent to "
+           "the others";
   return std::nullopt;
 }
 
@@ -299,6 +311,11 @@ int run(const Config& c) {
     }
     std::string message = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") " + r.status.str() +
                           (r.stopped.empty() ? "; no other rank was running" : stopped_clause(r));
+    if (stop_signal() != 0) {  // told to stop while stopping the others: no restart
+      say(message + "; got signal " + std::to_string(stop_signal()) + ", exiting with " +
+          std::to_string(128 + stop_signal()));
+      return 128 + stop_signal();
+    }
     if (restart < c.max_restarts) {
       say(message + "; restarting the group (restart " + std::to_string(restart + 1) + " of " +
           std::to_string(c.max_restarts) + ")");

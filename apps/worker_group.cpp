@@ -220,8 +220,10 @@ void Group::supervise() {
   std::vector<pollfd> fds;
   std::vector<std::pair<Worker*, Stream*>> owners;  // fds[i + 1] belongs to owners[i]
   for (;;) {
+    // A stop signal while the workers are stopped after a failure keeps the failure (the
+    // caller sees stop_signal() and starts no new round).
     if (stop_signal() != 0 && result_.outcome != RoundResult::Outcome::Interrupted &&
-        result_.outcome != RoundResult::Outcome::LaunchFailed) {
+        result_.outcome != RoundResult::Outcome::LaunchFailed && result_.outcome != RoundResult::Outcome::Failed) {
       result_.outcome = RoundResult::Outcome::Interrupted;
       result_.signal = stop_signal();
       std::vector<int> running;
@@ -246,7 +248,7 @@ void Group::supervise() {
       }
     }
     // A second SIGINT / SIGTERM while stopping for the first: no more grace.
-    const bool impatient = result_.outcome == RoundResult::Outcome::Interrupted && g_stop_count >= 2;
+    const bool impatient = stop_signal() != 0 && g_stop_count >= 2;
     if (stopping_ && !killed_ && (now >= kill_at_ || impatient)) {
       if (impatient && now < kill_at_) say("got " + signal_name(stop_signal()) + " again: SIGKILL now");
       for (const Worker& w : workers_)

@@ -120,62 +120,87 @@ void ElasticRendezvous::heartbeat() {
 }
 
 std::optional<RendezvousRound> ElasticRendezvous::next_round() {
-  const auto deadline = Clock::now() + options_.join_timeout;
-  int64_t registered_waiting = -1;  // the round this agent said it waits behind
-  for (;;) {
-    heartbeat();
-    if (job_done()) return std::nullopt;
-    const int64_t number = current_round();
-    if (!store_->check({round_key(number, "closed")})) {
-      if (auto round = join(number, deadline)) return round;
-      continue;  // too late for that round: wait behind it
+  int64_t behind = -1;                     // the running round this agent waits behind
+  std::optional<RendezvousRound> running;  // its members, whose heartbeats it watches
+  try {
+    for (;;) {
+      heartbeat();
+      if (job_done()) return std::nullopt;
+      const int64_t number = current_round();
+      if (!store_->check({round_key(number, "closed")})) {
+        if (auto round = join(number)) return round;
+        continue;  // too late for that round, or it started over: look again
+      }
+      // Round `number` runs without this agent. An ended round is being moved on: help it.
+      if (end_reason(number)) {
+        advance_round(number);
+      } else if (behind != number) {
+        store_->add(round_key(number, "waiting"), 1);
+        behind = number;
+        running = read_round(number, static_cast<int>(parse_count(*get_if_set(round_key(number, "closed")),
+                                                                  round_key(number, "closed"))),
+                             -1);
+      } else if (running) {
+        // Should every member die at once, nobody would be left to end the round: the
+        // agents waiting behind it watch the members' heartbeats as the members do.
+        if (std::optional<std::string> silent = silent_member(*running)) end_round(number, *silent, true);
+      }
+      pause();
     }
-    // Round `number` runs without this agent. An ended round is being moved on: help it.
-    if (end_reason(number)) {
-      advance_round(number);
-    } else if (registered_waiting != number) {
-      store_->add(round_key(number, "waiting"), 1);
-      registered_waiting = number;
-    }
-    WEFT_CHECK(Clock::now() < deadline, "rendezvous: waited ", seconds(options_.join_timeout),
-               " s to be admitted, but round ", number, " kept running without this node (", me_.id,
-               ") and did not end; it has ", store_->add(round_key(number, "closed"), 0), " of at most ",
-               options_.max_nodes, " nodes");
-    pause();
+  } catch (const RendezvousInterrupted&) {
+    if (behind >= 0 && !end_reason(behind)) store_->add(round_key(behind, "waiting"), -1);
+    throw;
   }
 }
 
 // Joins round `number`; returns it once closed, or nullopt when it closed without this
-// agent (it came too late) or the job finished.
-std::optional<RendezvousRound> ElasticRendezvous::join(int64_t number, Clock::time_point deadline) {
+// agent (it came too late), started over (a member withdrew) or the job finished.
+std::optional<RendezvousRound> ElasticRendezvous::join(int64_t number) {
+  const auto deadline = Clock::now() + options_.join_timeout;
   const int slot = static_cast<int>(store_->add(round_key(number, "joined"), 1) - 1);
   store_->set(round_key(number, "node/" + std::to_string(slot)), me_.encode());
   int64_t last_count = -1;
   auto last_call_at = Clock::time_point::max();
-  for (;;) {
-    heartbeat();
-    if (auto closed = get_if_set(round_key(number, "closed"))) {
-      const int64_t members = parse_count(*closed, round_key(number, "closed"));
-      if (slot >= members) return std::nullopt;
-      return read_round(number, static_cast<int>(members), slot);
+  try {
+    for (;;) {
+      heartbeat();
+      if (end_reason(number)) return std::nullopt;  // it starts over as the next round
+      if (auto closed = get_if_set(round_key(number, "closed"))) {
+        const int64_t members = parse_count(*closed, round_key(number, "closed"));
+        if (slot >= members) return std::nullopt;
+        return read_round(number, static_cast<int>(members), slot);
+      }
+      if (store_->check({"done"})) return std::nullopt;  // next_round() leaves
+      const int64_t count = store_->add(round_key(number, "joined"), 0);
+      const auto now = Clock::now();
+      if (count != last_count) {  // someone joined: the last call starts again
+        last_count = count;
+        last_call_at = now + options_.last_call_timeout;
+      }
+      int64_t close_at = 0;
+      if (count >= options_.max_nodes) close_at = options_.max_nodes;
+      else if (count >= options_.min_nodes && now >= last_call_at) close_at = count;
+      if (close_at > 0) {
+        store_->compare_set(round_key(number, "closed"), {}, bytes(std::to_string(close_at)));
+        continue;  // read back whichever count won
+      }
+      if (count < options_.min_nodes && now >= deadline) {
+        const std::string message = below_min_message(number);
+        withdraw(number, "gave up waiting for " + std::to_string(options_.min_nodes) + " nodes");
+        WEFT_FAIL(message);
+      }
+      pause();
     }
-    if (store_->check({"done"})) return std::nullopt;  // next_round() leaves
-    const int64_t count = store_->add(round_key(number, "joined"), 0);
-    const auto now = Clock::now();
-    if (count != last_count) {  // someone joined: the last call starts again
-      last_count = count;
-      last_call_at = now + options_.last_call_timeout;
-    }
-    int64_t close_at = 0;
-    if (count >= options_.max_nodes) close_at = options_.max_nodes;
-    else if (count >= options_.min_nodes && now >= last_call_at) close_at = count;
-    if (close_at > 0) {
-      store_->compare_set(round_key(number, "closed"), {}, bytes(std::to_string(close_at)));
-      continue;  // read back whichever count won
-    }
-    if (now >= deadline) WEFT_FAIL(below_min_message(number));
-    pause();
+  } catch (const RendezvousInterrupted&) {
+    withdraw(number, "was stopped");
+    throw;
   }
+}
+
+// This agent's slot in the unclosed round `number` will never run: the round starts over
+// (as number + 1) without it, rather than closing with a member that is gone.
+void ElasticRendezvous::withdraw(int64_t number, const std::string& why) {
+  end_round(number, "node " + me_.id + " " + why + " during the rendezvous", /*failure=*/false);
 }
 
 std::string ElasticRendezvous::below_min_message(int64_t number) {
@@ -192,22 +217,28 @@ std::string ElasticRendezvous::below_min_message(int64_t number) {
   return out.str();
 }
 
-RendezvousRound ElasticRendezvous::read_round(int64_t number, int members, int slot) {
+std::optional<RendezvousRound> ElasticRendezvous::read_round(int64_t number, int members, int slot) {
   RendezvousRound round;
   round.number = number;
   round.node_rank = slot;
   std::vector<std::string> keys;
   for (int k = 0; k < members; ++k) keys.push_back(round_key(number, "node/" + std::to_string(k)));
   // A slot's entry follows its join by one request: a bounded wait covers an agent that
-  // died in between.
-  store_->wait(keys, std::max(options_.heartbeat_timeout, std::chrono::milliseconds(1000)));
+  // died in between, and the round then starts over without it.
+  const auto until = Clock::now() + std::max(options_.heartbeat_timeout, std::chrono::milliseconds(1000));
+  while (!store_->check(keys)) {
+    if (Clock::now() >= until) {
+      end_round(number, "a node that joined round " + std::to_string(number) + " never said who it is",
+                /*failure=*/false);
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(options_.poll_interval);
+  }
   for (const std::string& key : keys) round.members.push_back(NodeInfo::decode(text(store_->get(key))));
   return round;
 }
 
-std::string ElasticRendezvous::watch(const RendezvousRound& round) {
-  heartbeat();
-  if (auto reason = end_reason(round.number)) return *reason;
+std::optional<std::string> ElasticRendezvous::silent_member(const RendezvousRound& round) {
   const auto now = Clock::now();
   if (watched_round_ != round.number) {
     watched_round_ = round.number;
@@ -223,9 +254,19 @@ std::string ElasticRendezvous::watch(const RendezvousRound& round) {
       std::ostringstream reason;
       reason << "node " << i << " (" << peer.id << ", " << peer.host << ") sent no heartbeat for "
              << seconds(options_.heartbeat_timeout) << " s";
-      return end_round(round.number, reason.str(), /*failure=*/true);
+      return reason.str();
     }
   }
+  return std::nullopt;
+}
+
+std::string ElasticRendezvous::watch(const RendezvousRound& round) {
+  heartbeat();
+  if (auto reason = end_reason(round.number)) return *reason;
+  // A finished job's agents leave and stop their heartbeats while others may still be
+  // writing their last files: silence is no failure any more.
+  if (store_->check({"done"})) return "";
+  if (std::optional<std::string> silent = silent_member(round)) return end_round(round.number, *silent, true);
   if (round.num_nodes() < options_.max_nodes && !store_->check({round_key(round.number, "admits_at_checkpoints")})) {
     if (const int64_t n = waiting(round.number); n > 0)
       return end_round(round.number,
@@ -248,10 +289,39 @@ void ElasticRendezvous::finish_job(int64_t number) {
 
 void ElasticRendezvous::leave(int64_t number) { store_->add(round_key(number, "left"), 1); }
 
-void ElasticRendezvous::wait_for_others_to_leave(int64_t number, int members, std::chrono::milliseconds timeout) {
-  const auto until = Clock::now() + timeout;
-  while (Clock::now() < until && store_->add(round_key(number, "left"), 0) < members + waiting(number))
+void ElasticRendezvous::wait_for_others_to_leave(const RendezvousRound& round) {
+  // Bounded by the others' lives: a member that neither leaves nor sends heartbeats is gone.
+  while (store_->add(round_key(round.number, "left"), 0) < round.num_nodes() + waiting(round.number)) {
+    if (silent_member(round)) return;
     std::this_thread::sleep_for(options_.poll_interval);
+  }
+}
+
+bool ElasticRendezvous::job_alive(int64_t& watched) {
+  if (store_->check({"done"})) return false;
+  const int64_t number = current_round();
+  if (number != watched) {
+    watched = number;
+    watched_since_ = Clock::now();
+    serving_round_.reset();
+  }
+  if (!serving_round_) {
+    if (auto closed = get_if_set(round_key(number, "closed")))
+      serving_round_ = read_round(number, static_cast<int>(parse_count(*closed, round_key(number, "closed"))), -1);
+    // A round nobody closes in join_timeout plus its last call has nobody left to run it.
+    else if (Clock::now() - watched_since_ > options_.join_timeout + options_.last_call_timeout)
+      return false;
+  }
+  // A running round whose members are all silent has nobody left either.
+  if (serving_round_) {
+    const auto now = Clock::now();
+    (void)silent_member(*serving_round_);  // refreshes seen_
+    bool anyone = false;
+    for (size_t i = 0; i < serving_round_->members.size(); ++i)
+      if (serving_round_->members[i].id != me_.id && now - seen_[i].since < options_.heartbeat_timeout) anyone = true;
+    if (!anyone) return false;
+  }
+  return true;
 }
 
 }  // namespace weft::parallel

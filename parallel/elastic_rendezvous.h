@@ -21,15 +21,18 @@
 //   done               set when the job's workers finished
 //   alive/<id>         a heartbeat counter per agent
 // A round closes when max_nodes have joined, or when at least min_nodes have and nobody
-// joined for last_call_timeout; below min_nodes for join_timeout is an error naming who
-// is there and who is missing. Whoever ends round N (a worker failed, an agent went
-// silent, a waiting agent is to be admitted) writes r<N>/end and then moves `round` on to
-// N + 1 with compare_set, so every agent sees one reason and one next round. A round ended
-// by a failure counts against the --max-restarts of each of its agents: one that has none
-// left leaves the job, and the others go on without it while they are min_nodes or more
-// (torchrun's agents count their restarts the same way). Every agent
-// polls: waits are short sleeps bounded by the timeouts, so a dead store or a dead peer
-// is an error, never a hang.
+// joined for last_call_timeout; below min_nodes for join_timeout (from joining) is an error
+// naming who is there and who is missing. An agent that leaves an unclosed round (stopped,
+// or giving up) ends it, so that it starts over as the next round without a dead member.
+// Whoever ends round N (a worker failed, an agent went silent, a waiting agent is to be
+// admitted) writes r<N>/end and then moves `round` on to N + 1 with compare_set, so every
+// agent sees one reason and one next round. A round ended by a failure counts against the
+// --max-restarts of each of its agents: one that has none left leaves the job, and the
+// others go on without it while they are min_nodes or more (torchrun's agents count their
+// restarts the same way). Every agent polls: waits are short sleeps bounded by the
+// timeouts or by the others' heartbeats, so a dead store or a dead peer is an error or a
+// new round, never a hang. Once `done` is set, silence is no failure: finished agents
+// leave while others may still write their last files.
 //
 // Heartbeats count, they do not carry times: an agent adds 1 to alive/<id> every
 // keep_alive_interval, and a peer whose counter has not moved for heartbeat_timeout (on
@@ -124,8 +127,12 @@ class ElasticRendezvous : public ElasticJob {
   ElasticRendezvous(std::shared_ptr<Store> store, NodeInfo me, RendezvousOptions options);
 
   // Joins the next round that admits this agent and waits for it to close. Returns
-  // nullopt when the job finished meanwhile (the agent is not needed). Throws after
-  // join_timeout below min_nodes, naming the nodes that came and how many are missing.
+  // nullopt when the job finished meanwhile (the agent is not needed). Throws when a round
+  // it joined stays below min_nodes for join_timeout, naming the nodes that came and how
+  // many are missing (the round then starts over without this agent), and
+  // RendezvousInterrupted (also withdrawing). Waiting behind a running round has no
+  // deadline of its own: it ends with the round, which the members end, or this agent when
+  // they all go silent, or with the job.
   std::optional<RendezvousRound> next_round();
 
   // While `round` runs, called every second or so: sends this agent's heartbeat when due
@@ -136,10 +143,14 @@ class ElasticRendezvous : public ElasticJob {
   std::string watch(const RendezvousRound& round);
 
   // The workers finished: waiting agents stop waiting. Then, leaving: the agent that
-  // serves the store waits (bounded) for the others to leave first.
+  // serves the store waits for the others to leave first (each one leaves, or goes silent).
   void finish_job(int64_t number);
   void leave(int64_t number);
-  void wait_for_others_to_leave(int64_t number, int members, std::chrono::milliseconds timeout);
+  void wait_for_others_to_leave(const RendezvousRound& round);
+  // For an agent that left the job but serves its store: false once the job finished, or
+  // nobody is left in it (the current round's members all silent, or no round closing in
+  // join_timeout + last_call_timeout). `watched`: the caller's state, -1 at first.
+  bool job_alive(int64_t& watched);
 
   void heartbeat();
   const NodeInfo& me() const { return me_; }
@@ -150,8 +161,14 @@ class ElasticRendezvous : public ElasticJob {
   int64_t current_round();
   // Whether the job finished; if so, this agent leaves it (see wait_for_others_to_leave).
   bool job_done();
-  std::optional<RendezvousRound> join(int64_t number, std::chrono::steady_clock::time_point deadline);
-  RendezvousRound read_round(int64_t number, int members, int slot);
+  std::optional<RendezvousRound> join(int64_t number);
+  void withdraw(int64_t number, const std::string& why);
+  // The closed round's members; nullopt (and the round ended) when a slot never said who
+  // it is. slot -1: this agent is not a member.
+  std::optional<RendezvousRound> read_round(int64_t number, int members, int slot);
+  // The first member other than this agent whose heartbeat counter has not moved for
+  // heartbeat_timeout, as a reason to end the round.
+  std::optional<std::string> silent_member(const RendezvousRound& round);
   std::string below_min_message(int64_t number);
 
   NodeInfo me_;
@@ -163,6 +180,8 @@ class ElasticRendezvous : public ElasticJob {
   };
   std::vector<Seen> seen_;  // per member of the round being watched
   int64_t watched_round_ = -1;
+  std::optional<RendezvousRound> serving_round_;  // job_alive()'s
+  std::chrono::steady_clock::time_point watched_since_{};
 };
 
 }  // namespace weft::parallel

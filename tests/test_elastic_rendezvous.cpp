@@ -113,24 +113,31 @@ TEST_CASE("when the workers admit at checkpoints, the watch leaves a waiting age
 
 TEST_CASE("below min nodes for join_timeout: an error naming who came and how many are missing") {
   Job job;
-  RendezvousOptions o = fast(3, 4);
-  o.join_timeout = 300ms;
-  auto a = job.agent("alpha", o), b = job.agent("beta", o);
+  RendezvousOptions patient = fast(3, 4), impatient = fast(3, 4);
+  patient.join_timeout = 1s;
+  impatient.join_timeout = 300ms;
+  auto a = job.agent("alpha", impatient), b = job.agent("beta", patient);
   auto rb = std::async(std::launch::async, [&] { return b.next_round(); });
+  for (int i = 0; i < 200 && b.store().add(ElasticJob::round_key(0, "joined"), 0) == 0; ++i)
+    std::this_thread::sleep_for(10ms);
   const auto start = std::chrono::steady_clock::now();
   try {
     a.next_round();
     FAIL("next_round returned below min nodes");
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    CHECK(what.find("at least 3 nodes") != std::string::npos);
-    CHECK(what.find("only 2 joined") != std::string::npos);
-    CHECK(what.find("alpha") != std::string::npos);
-    CHECK(what.find("beta") != std::string::npos);
-    CHECK(what.find("1 more") != std::string::npos);
+    CHECK(what.find("waited 0.3 s (join_timeout) for at least 3 nodes in round 0") != std::string::npos);
+    CHECK(what.find("only 2 joined (beta, alpha); 1 more must start weft-run") != std::string::npos);
   }
-  CHECK(std::chrono::steady_clock::now() - start < 5s);
-  CHECK_THROWS(rb.get());
+  CHECK(std::chrono::steady_clock::now() - start < 1s);
+  // alpha gave up and withdrew: round 0 started over as round 1, where beta waits alone.
+  CHECK(b.end_reason(0).value().find("node alpha gave up waiting for 3 nodes") != std::string::npos);
+  try {
+    rb.get();
+    FAIL("beta's next_round returned below min nodes");
+  } catch (const std::exception& e) {
+    CHECK(std::string(e.what()).find("in round 1, but only 1 joined (beta); 2 more") != std::string::npos);
+  }
 }
 
 TEST_CASE("a member whose heartbeat stops is found within heartbeat_timeout; the round ends as a failure") {
@@ -197,8 +204,58 @@ TEST_CASE("a finished job releases an agent waiting to join; the serving agent w
   CHECK_FALSE(rl.get().has_value());
   a.leave(x.number);
   const auto start = std::chrono::steady_clock::now();
-  a.wait_for_others_to_leave(x.number, 1, 5s);  // a and the waiting agent have left: no wait
+  a.wait_for_others_to_leave(x);  // a and the waiting agent have left: no wait
   CHECK(std::chrono::steady_clock::now() - start < 1s);
+  int64_t watched = -1;
+  CHECK_FALSE(a.job_alive(watched));  // done
+}
+
+TEST_CASE("after the job is done, silence is no failure; the serving agent waits for the others to leave") {
+  Job job;
+  auto a = job.agent("a", fast(2, 2)), b = job.agent("b", fast(2, 2));
+  auto rb = std::async(std::launch::async, [&] { return b.next_round(); });
+  const RendezvousRound x = a.next_round().value();
+  rb.get();
+  b.finish_job(x.number);  // b's workers are done; b leaves and its heartbeats stop
+  b.leave(x.number);
+  const auto until = std::chrono::steady_clock::now() + 1s;  // two heartbeat timeouts
+  while (std::chrono::steady_clock::now() < until) {
+    REQUIRE(a.watch(x).empty());
+    std::this_thread::sleep_for(20ms);
+  }
+  a.leave(x.number);
+  a.wait_for_others_to_leave(x);  // both left
+}
+
+TEST_CASE("an agent stopped during the rendezvous withdraws: the round starts over without it") {
+  Job job;
+  RendezvousOptions o = fast(2, 3);
+  std::atomic<bool> stop{false};
+  o.interrupted = [&] { return stop.load(); };
+  auto quitter = job.agent("quitter", o), stayer = job.agent("stayer", fast(1, 3));
+  auto rq = std::async(std::launch::async, [&] { return quitter.next_round(); });
+  for (int i = 0; i < 200 && stayer.store().add(ElasticJob::round_key(0, "joined"), 0) == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  stop = true;
+  CHECK_THROWS_AS(rq.get(), RendezvousInterrupted);
+  CHECK(stayer.end_reason(0).value().find("node quitter was stopped during the rendezvous") != std::string::npos);
+  CHECK_FALSE(stayer.ended_by_failure(0));
+  const RendezvousRound y = stayer.next_round().value();
+  CHECK(y.number == 1);
+  CHECK(ids(y) == std::vector<std::string>{"stayer"});
+}
+
+TEST_CASE("an agent waiting behind a round whose members all went silent ends it, then joins the next") {
+  Job job;
+  auto a = job.agent("a", fast(1, 1)), late = job.agent("late", fast(1, 1));
+  const RendezvousRound x = a.next_round().value();  // a runs round 0, then goes silent
+  const auto start = std::chrono::steady_clock::now();
+  const RendezvousRound y = late.next_round().value();
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  CHECK(y.number == 1);
+  CHECK(ids(y) == std::vector<std::string>{"late"});
+  CHECK(late.end_reason(x.number).value().find("(a, 127.0.0.1) sent no heartbeat") != std::string::npos);
+  CHECK(late.ended_by_failure(x.number));
 }
 
 TEST_CASE("an interrupted wait throws RendezvousInterrupted; bad settings are refused") {

@@ -491,8 +491,33 @@ TEST_CASE("the loop asks its strategy: prepare, shard, step, reduce; only the ma
   log.str("");
   auto results = loop.fit(1);
   CHECK(strategy->steps == 4);
-  CHECK(strategy->reductions == 2);  // the epoch's totals and the test evaluation's
+  CHECK(strategy->reductions == 3);  // the ranks' starting point, the epoch's totals and the test evaluation's
   CHECK(results.front().test->samples == 64);
   CHECK(log.str().empty());
   CHECK_FALSE(std::filesystem::exists(checkpoint));
+}
+
+// A second "rank" that resumed from another checkpoint: one epoch further.
+struct AheadStrategy : CountingStrategy {
+  train::Totals reduce(const train::Totals& local) override {
+    train::Totals both = local;
+    both.loss = 2 * local.loss + 1, both.correct *= 2, both.samples *= 2, both.batches *= 2;
+    return both;
+  }
+};
+
+TEST_CASE("ranks that would start fit() at different points are stopped before the first step") {
+  std::ostringstream log;
+  Run r = make_run(1, false, "", log);
+  train::TrainLoopOptions options;
+  auto strategy = std::make_shared<AheadStrategy>();
+  options.strategy = strategy;
+  options.log = &log;
+  auto loader = std::make_shared<data::DataLoader>(blobs(64, 1), data::DataLoaderOptions{.batch_size = 16});
+  train::TrainLoop loop(r.model, loader, nullptr, nullptr, r.optimizer,
+                        [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); }, options);
+  CHECK_THROWS_WITH(loop.fit(1), doctest::Contains("rank 1 starts after epoch 0 + 0 samples, but the 2 ranks start on "
+                                                   "average after epoch 0.5 + 0 samples: every rank must resume from "
+                                                   "the same checkpoint"));
+  CHECK(strategy->steps == 0);
 }

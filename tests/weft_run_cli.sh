@@ -168,6 +168,8 @@ bad_flag "--rdzv-endpoint 'here' is not HOST:PORT" --nproc-per-node 1 --rdzv-end
 bad_flag "--rdzv-conf: unknown key 'timeout'" --nproc-per-node 1 --rdzv-endpoint h:1 --rdzv-conf timeout=3 true
 bad_flag "--rdzv-conf join_timeout=-1: expected KEY=SECONDS" --nproc-per-node 1 --rdzv-endpoint h:1 \
   --rdzv-conf join_timeout=-1 true
+bad_flag "heartbeat_timeout (2 s) must be longer than keep_alive_interval (1 s) plus 1 s" --nproc-per-node 1 \
+  --rdzv-endpoint h:1 --rdzv-conf keep_alive_interval=1,heartbeat_timeout=2 true
 bad_flag "--node-rank is for a fixed job" --nproc-per-node 1 --rdzv-endpoint h:1 --node-rank 0 true
 bad_flag "--rdzv-id 'a/b' must be a non-empty word" --nproc-per-node 1 --rdzv-endpoint h:1 --rdzv-id a/b true
 bad_flag "--rdzv-server needs --rdzv-endpoint" --rdzv-server

@@ -6,11 +6,12 @@
 #      others go on without it; the store served by weft-run --rdzv-server;
 #   2. below MIN for longer than join_timeout: a clear failure, nothing left behind;
 #   3. a node arriving while shell workers run is admitted at once (they do not checkpoint);
-#   4. a worker killed after epoch 1: its node (no restarts left) leaves, the other goes on
+#   4. the node serving the store fails for good: it keeps serving until the job ends;
+#   5. a worker killed after epoch 1: its node (no restarts left) leaves, the other goes on
 #      alone from the epoch-1 checkpoint and ends within 0.02 of an uninterrupted run;
-#   5. a second node joining a running 1-worker weft-train job is admitted at its next
+#   6. a second node joining a running 1-worker weft-train job is admitted at its next
 #      checkpoint: world size 2 afterwards;
-#   6. SIGKILL of a whole agent: the other goes on alone.
+#   7. SIGKILL of a whole agent: the other goes on alone.
 # Every wait is bounded; no process of the test may remain (all hold $dir or $tok in
 # their command lines).
 #   weft_run_elastic.sh PATH/TO/weft-run PATH/TO/weft-train
@@ -114,6 +115,22 @@ has_text "$dir/a.log" "round 1 world 2"
 has_text "$dir/b.log" "round 1 world 2"
 no_leftovers "a node joining shell workers"
 
+# 4. The node serving the store fails and has no restarts left: it leaves the job but keeps
+#    serving the store until the other node, alone, has finished it.
+port=$(free_port)
+failer="echo \"round \$WEFT_ROUND world \$WORLD_SIZE\"; if [ \$WEFT_ROUND = 0 ]; then exit 3; fi; : $tok"
+agent "$port" host_fails --nnodes 1:2 --nproc-per-node 1 sh -c "$failer" > "$dir/a.log" 2>&1 &
+a=$!
+wait_for "$dir/a.log" "serving the rendezvous store" 10
+agent "$port" host_fails --nnodes 1:2 --nproc-per-node 1 --max-restarts 1 sh -c "$sleeper" > "$dir/b.log" 2>&1 &
+b=$!
+finish "$b" "the node that goes on" 30 0
+finish "$a" "the failed node serving the store" 30 3
+has_text "$dir/a.log" "no restarts left \(--max-restarts 0\): this node leaves the job"
+has_text "$dir/a.log" "it keeps serving, without workers, until the job ends"
+has_text "$dir/b.log" "round 1 world 1"
+no_leftovers "the serving node failing"
+
 # Training: ConvNet on synthetic data, 3 epochs, 1 worker per node. Every node runs the same
 # command (rank 0, wherever it is, writes the checkpoint and the metrics).
 job=(--data synthetic --model convnet --epochs 3 --batch-size 50 --seed 3 --no-progress --mode ddp)
@@ -141,7 +158,7 @@ pair() {
   [ -f "$dir/$1.st" ] || fail "no checkpoint after epoch 1 within 120 s"
 }
 
-# 4. A worker killed after epoch 1: its node has no restarts left and leaves; the other
+# 5. A worker killed after epoch 1: its node has no restarts left and leaves; the other
 #    node's round ends (a failure: one of its restarts) and it goes on alone, resuming
 #    from the epoch-1 checkpoint.
 pair killed 2 0
@@ -156,7 +173,7 @@ within "$(value "$dir/killed.json" test_accuracy)" "$straight" 0.02 ||
   fail "accuracy $(value "$dir/killed.json" test_accuracy) after losing a node is not within 0.02 of $straight"
 no_leftovers "a killed worker"
 
-# 5. A node joining a running 1-worker job waits for the next checkpoint (every 20 steps),
+# 6. A node joining a running 1-worker job waits for the next checkpoint (every 20 steps),
 #    where the workers end the round to admit it; the rest of the job runs on 2 workers.
 port=$(free_port)
 trainer a grown 0 --checkpoint-every 20 &
@@ -173,7 +190,7 @@ has_text "$dir/a.log" "round 1: .* world size 2"
 [ "$(value "$dir/grown.json" world_size)" = 2 ] || fail "the grown job did not end with world size 2"
 no_leftovers "a joining node"
 
-# 6. SIGKILL of a whole agent (its workers die with it): the other goes on alone.
+# 7. SIGKILL of a whole agent (its workers die with it): the other goes on alone.
 pair lost 1 1
 kill -KILL "$b"
 finish "$a" "the surviving node" 120 0

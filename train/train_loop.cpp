@@ -191,6 +191,7 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
   if (tracing) check_writable(trace_path, "trace::write");
   if (!options_.checkpoint_path.empty() && strategy_->is_main_process())
     check_writable(options_.checkpoint_path, "save_checkpoint");
+  check_same_start();
   if (tracing) trace::start();
   struct StopTracing {  // a fit() that throws still ends its recording
     bool on;
@@ -225,6 +226,18 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
   }
   if (tracing) trace::write(trace_path);
   return results;
+}
+
+// Ranks that start at different points (one resumed from a checkpoint another did not see)
+// would run different numbers of steps and wait for each other in a collective forever.
+void TrainLoop::check_same_start() {
+  const double epoch = epoch_, samples = static_cast<double>(epoch_samples_);
+  const Totals all = strategy_->reduce({.loss = epoch, .correct = samples, .samples = 1});
+  WEFT_CHECK(all.loss == all.samples * epoch && all.correct == all.samples * samples, "TrainLoop::fit: rank ",
+             strategy_->rank(), " starts after epoch ", epoch_, " + ", epoch_samples_, " samples, but the ",
+             all.samples, " ranks start on average after epoch ", all.loss / all.samples, " + ",
+             all.correct / all.samples, " samples: every rank must resume from the same checkpoint (is the file on "
+             "storage that every rank sees?)");
 }
 
 Evaluation TrainLoop::evaluate(data::DataLoader& loader) {

@@ -157,6 +157,8 @@ class TrainLoop {
   void checkpoint_point();
   // Throws "training diverged: ..." when `loss` is NaN or infinite (`where`: which loss).
   void check_finite_loss(double loss, int epoch, const std::string& where) const;
+  // Throws unless every rank starts fit() at the same epoch and sample (one collective).
+  void check_same_start();
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<Strategy> strategy_;
