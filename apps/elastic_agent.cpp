@@ -29,8 +29,9 @@ std::string this_host() {
 
 // The first agent that can listen on the endpoint serves the store; the others (and
 // agents on other machines, where the address is not theirs) connect to it.
-// Once connected, one request waits at most half a heartbeat timeout (at least 1 s): a
-// store that stops answering must not hold up the supervising loop (worker_group.h).
+// Once connected, one request waits at most half a heartbeat timeout (at least 5 s: a busy
+// machine must not pass for a lost store): a store that stops answering must not hold up
+// the supervising loop (worker_group.h) for long.
 std::shared_ptr<parallel::TCPStore> open_store(const AgentConfig& c) {
   const auto port = static_cast<uint16_t>(c.endpoint_port);
   std::shared_ptr<parallel::TCPStore> store;
@@ -41,7 +42,7 @@ std::shared_ptr<parallel::TCPStore> open_store(const AgentConfig& c) {
   } catch (const Error&) {
     store = std::make_shared<parallel::TCPStore>(c.endpoint_host, port, /*is_server=*/false, kConnectTimeout);
   }
-  store->set_timeout(std::max<std::chrono::milliseconds>(std::chrono::seconds(1),
+  store->set_timeout(std::max<std::chrono::milliseconds>(std::chrono::seconds(5),
                                                          c.rendezvous.heartbeat_timeout / 2));
   return store;
 }
@@ -137,7 +138,8 @@ int Agent::run() {
         const std::string stands = rdzv_.end_round(round->number, reason, /*failure=*/true);
         say(reason + stopped_clause(r) + (stands == reason ? "" : "; the round had ended already: " + stands));
         if (stop_signal() != 0) {  // told to stop while stopping the workers: no new round
-          say("exiting with " + std::to_string(128 + stop_signal()));
+          say("got " + signal_name(stop_signal()) + ": no new round, exiting with " +
+              std::to_string(128 + stop_signal()));
           return finish(*round, 128 + stop_signal());
         }
         break;

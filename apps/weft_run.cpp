@@ -312,7 +312,7 @@ int run(const Config& c) {
     std::string message = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") " + r.status.str() +
                           (r.stopped.empty() ? "; no other rank was running" : stopped_clause(r));
     if (stop_signal() != 0) {  // told to stop while stopping the others: no restart
-      say(message + "; got signal " + std::to_string(stop_signal()) + ", exiting with " +
+      say(message + "; got " + signal_name(stop_signal()) + ": no restart, exiting with " +
           std::to_string(128 + stop_signal()));
       return 128 + stop_signal();
     }

@@ -49,11 +49,6 @@ void write_all(int fd, std::string_view data) {
   }
 }
 
-std::string signal_name(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev != nullptr ? std::string("SIG") + abbrev : strsignal(sig);  // real-time signals have no name
-}
-
 // A line longer than this without a newline is written as a line of its own, so that a
 // worker that never writes a newline cannot grow weft-run's memory without bound.
 constexpr size_t kMaxLine = 1 << 16;
@@ -86,6 +81,11 @@ void install_signal_handlers() {
 }
 
 int stop_signal() { return g_stop_signal; }
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev != nullptr ? std::string("SIG") + abbrev : strsignal(sig);  // real-time signals have no name
+}
 
 void say(const std::string& message) { write_all(2, "weft-run: " + message + "\n"); }
 

@@ -69,6 +69,8 @@ struct GroupOptions {
 void install_signal_handlers();
 // The first of SIGINT / SIGTERM / SIGHUP / SIGQUIT that weft-run received; 0 when none.
 int stop_signal();
+// "SIGINT"; strsignal's text for signals without a name.
+std::string signal_name(int sig);
 // "weft-run: MESSAGE\n" to stderr, in one write.
 void say(const std::string& message);
 // "rank 3" or "ranks 0, 1, 3".

@@ -119,6 +119,24 @@ signal_case TERM 143 4000 1 "if [ \$RANK = 0 ]; then trap '' TERM; fi; echo read
 sigterm_ms=$took_ms
 [ "$sigterm_ms" -ge 900 ] || fail "the rank ignoring SIGTERM was killed before the grace period ($sigterm_ms ms)"
 has_text err "^weft-run: exiting with 143; stopped ranks 0, 1, 2 \(rank 0 needed SIGKILL\)$"
+# SIGINT while the others are stopped after a failure (rank 0 ignores SIGTERM, so that stop
+# takes the 3 s grace period): the failure is reported, and no restart follows.
+"$run" --nproc-per-node 2 --max-restarts 3 --grace-period 3 \
+  sh -c "if [ \$RANK = 0 ]; then trap '' TERM; echo ready; sleep $tok; else sleep 0.5; exit 5; fi" \
+  > "$dir/out" 2> "$dir/err" &
+pid=$!
+for _ in $(seq 100); do grep -q ready "$dir/out" && break; sleep 0.05; done
+sleep 1.5  # rank 1 has failed: the stop is under way
+kill -INT "$pid"
+for _ in $(seq 200); do kill -0 "$pid" 2> /dev/null || break; sleep 0.05; done
+kill -0 "$pid" 2> /dev/null && { kill -KILL "$pid"; fail "weft-run did not exit within 10 s of SIGINT"; }
+status=0
+wait "$pid" || status=$?
+[ "$status" = 130 ] || fail "weft-run exited with $status after SIGINT during a failure's stop, expected 130"
+has_text err "^weft-run: rank 1 \(pid [0-9]+\) exited with status 5; stopped rank 0 \(rank 0 needed SIGKILL\); "
+has_text err "; got SIGINT: no restart, exiting with 130$"
+[ "$(grep -c 'exited with status 5' "$dir/err")" = 1 ] || fail "the group was restarted after SIGINT"
+no_leftovers "SIGINT during a failure's stop"
 
 # 6. weft-run itself killed (no chance to clean up): its workers die with it (PR_SET_PDEATHSIG).
 "$run" --nproc-per-node 2 sh -c "echo ready; exec sleep $tok" > "$dir/out" 2> "$dir/err" &

@@ -198,4 +198,5 @@ wait "$b" 2> /dev/null || true
 has_text "$dir/a.log" "round 1: node 0 \(.*\) of 1 "
 [ "$(value "$dir/lost.json" world_size)" = 1 ] || fail "the run did not end with world size 1"
 no_leftovers "a killed agent"
-echo "PASS"
+echo "weft-run elastic: a frozen node let go after ${frozen_ms} ms (heartbeat_timeout 3 s); accuracy after losing" \
+  "a node $(value "$dir/killed.json" test_accuracy), uninterrupted $straight; grown to world size 2; PASS"
