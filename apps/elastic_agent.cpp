@@ -21,12 +21,6 @@ using parallel::RendezvousRound;
 // How long a client keeps trying to reach the store when it starts.
 constexpr std::chrono::seconds kConnectTimeout{60};
 
-std::string this_host() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
-}
-
 // The first agent that can listen on the endpoint serves the store; the others (and
 // agents on other machines, where the address is not theirs) connect to it.
 // Once connected, one request waits at most half a heartbeat timeout (at least 5 s: a busy
@@ -47,13 +41,6 @@ std::shared_ptr<parallel::TCPStore> open_store(const AgentConfig& c) {
   return store;
 }
 
-std::string stopped_clause(const RoundResult& r) {
-  if (r.stopped.empty()) return "";
-  std::string clause = "; stopped " + rank_list(r.stopped);
-  if (!r.killed.empty()) clause += " (" + rank_list(r.killed) + " needed SIGKILL)";
-  return clause;
-}
-
 std::string node_name(const RendezvousRound& round) {
   return "node " + std::to_string(round.node_rank) + " (" + round.members[static_cast<size_t>(round.node_rank)].id +
          ")";
@@ -64,7 +51,7 @@ class Agent {
   explicit Agent(const AgentConfig& c)
       : c_(c), store_(open_store(c)),
         rdzv_(std::make_shared<parallel::PrefixStore>("rdzv/" + c.job_id, store_),
-              parallel::NodeInfo{this_host() + "-" + std::to_string(getpid()), c.nproc_per_node, this_host()},
+              parallel::NodeInfo{host_name() + "-" + std::to_string(getpid()), c.nproc_per_node, host_name()},
               with_interrupt(c.rendezvous)) {}
 
   int run();

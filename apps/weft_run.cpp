@@ -210,12 +210,6 @@ int usable_cores() {
   return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-std::string hostname() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
-}
-
 // What every worker shares: weft-run's own environment, plus OMP_NUM_THREADS and NCCL's
 // loopback settings where they apply and the user has not set them. Says once what it
 // set. Returns the NCCL_HOSTID prefix ("HOST-rank") when each rank needs its own.
@@ -241,7 +235,7 @@ std::string shared_environment(const Config& c, std::vector<std::string>& env) {
   } catch (const std::exception&) {
   }
   if (devices <= 0 || n <= devices) return "";
-  std::string hostid_prefix = has(env, "NCCL_HOSTID") ? "" : hostname() + "-rank";
+  std::string hostid_prefix = has(env, "NCCL_HOSTID") ? "" : host_name() + "-rank";
   std::vector<std::string> done, kept;
   if (hostid_prefix.empty())
     kept.emplace_back("NCCL_HOSTID");
@@ -262,14 +256,6 @@ std::string shared_environment(const Config& c, std::vector<std::string>& env) {
   for (size_t i = 0; i < kept.size(); ++i) message += (i ? ", " : "; kept the user's ") + kept[i];
   say(message);
   return hostid_prefix;
-}
-
-// "; stopped ranks 0, 1 (rank 1 needed SIGKILL)"
-std::string stopped_clause(const RoundResult& r) {
-  if (r.stopped.empty()) return "";
-  std::string clause = "; stopped " + rank_list(r.stopped);
-  if (!r.killed.empty()) clause += " (" + rank_list(r.killed) + " needed SIGKILL)";
-  return clause;
 }
 
 int run(const Config& c) {

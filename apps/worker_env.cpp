@@ -1,6 +1,8 @@
 // The variables of weft-run's workers; see worker_env.h.
 #include "worker_env.h"
 
+#include <unistd.h>
+
 namespace weft::run {
 
 namespace {
@@ -10,6 +12,12 @@ bool names(const std::string& entry, const std::string& name) {
 }
 
 }  // namespace
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
 
 bool has(const Environment& env, const std::string& name) {
   for (const std::string& e : env)

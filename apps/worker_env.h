@@ -11,6 +11,9 @@ namespace weft::run {
 
 using Environment = std::vector<std::string>;  // "NAME=value"
 
+// This machine's name ("localhost" when it has none).
+std::string host_name();
+
 bool has(const Environment& env, const std::string& name);
 // Sets (or replaces) `name`.
 void set(Environment& env, const std::string& name, const std::string& value);

@@ -96,6 +96,13 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out;
 }
 
+std::string stopped_clause(const RoundResult& r) {
+  if (r.stopped.empty()) return "";
+  std::string clause = "; stopped " + rank_list(r.stopped);
+  if (!r.killed.empty()) clause += " (" + rank_list(r.killed) + " needed SIGKILL)";
+  return clause;
+}
+
 Group::Group(GroupOptions options, const std::vector<int>& ranks, const std::vector<std::vector<std::string>>& envs)
     : options_(std::move(options)), workers_(ranks.size()) {
   for (size_t i = 0; i < ranks.size(); ++i) {

@@ -75,6 +75,8 @@ std::string signal_name(int sig);
 void say(const std::string& message);
 // "rank 3" or "ranks 0, 1, 3".
 std::string rank_list(const std::vector<int>& ranks);
+// "; stopped ranks 0, 1 (rank 1 needed SIGKILL)", or "" when no rank was stopped.
+std::string stopped_clause(const RoundResult& r);
 
 class Group {
  public:

@@ -13,9 +13,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
-Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
-
 int64_t parse_count(const std::string& value, const std::string& key) {
   int64_t n = 0;
   auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
@@ -67,11 +64,11 @@ std::string ElasticJob::round_key(int64_t number, const std::string& name) {
 
 std::optional<std::string> ElasticJob::get_if_set(const std::string& key) {
   if (!store_->check({key})) return std::nullopt;
-  return text(store_->get(key));
+  return to_text(store_->get(key));
 }
 
 void ElasticJob::advance_round(int64_t from) {
-  store_->compare_set("round", bytes(std::to_string(from)), bytes(std::to_string(from + 1)));
+  store_->compare_set("round", to_bytes(std::to_string(from)), to_bytes(std::to_string(from + 1)));
 }
 
 int64_t ElasticJob::waiting(int64_t number) { return store_->add(round_key(number, "waiting"), 0); }
@@ -100,7 +97,7 @@ void ElasticJob::admit_at_checkpoints(int64_t number) {
 
 std::string ElasticJob::end_round(int64_t number, const std::string& reason, bool failure) {
   const std::string entry = (failure ? "F " : "M ") + reason;
-  const std::string stands = text(store_->compare_set(round_key(number, "end"), {}, bytes(entry)));
+  const std::string stands = to_text(store_->compare_set(round_key(number, "end"), {}, to_bytes(entry)));
   advance_round(number);
   return stands.substr(std::min<size_t>(2, stands.size()));
 }
@@ -181,7 +178,7 @@ std::optional<RendezvousRound> ElasticRendezvous::join(int64_t number) {
       if (count >= options_.max_nodes) close_at = options_.max_nodes;
       else if (count >= options_.min_nodes && now >= last_call_at) close_at = count;
       if (close_at > 0) {
-        store_->compare_set(round_key(number, "closed"), {}, bytes(std::to_string(close_at)));
+        store_->compare_set(round_key(number, "closed"), {}, to_bytes(std::to_string(close_at)));
         continue;  // read back whichever count won
       }
       if (count < options_.min_nodes && now >= deadline) {
@@ -234,7 +231,7 @@ std::optional<RendezvousRound> ElasticRendezvous::read_round(int64_t number, int
     }
     std::this_thread::sleep_for(options_.poll_interval);
   }
-  for (const std::string& key : keys) round.members.push_back(NodeInfo::decode(text(store_->get(key))));
+  for (const std::string& key : keys) round.members.push_back(NodeInfo::decode(to_text(store_->get(key))));
   return round;
 }
 
@@ -284,7 +281,7 @@ bool ElasticRendezvous::job_done() {
 }
 
 void ElasticRendezvous::finish_job(int64_t number) {
-  store_->compare_set("done", {}, bytes(std::to_string(number)));
+  store_->compare_set("done", {}, to_bytes(std::to_string(number)));
 }
 
 void ElasticRendezvous::leave(int64_t number) { store_->add(round_key(number, "left"), 1); }

@@ -40,8 +40,6 @@ using store_detail::quoted_keys;
 constexpr std::string_view kMagic = "WEFTFS1\n";
 constexpr uint64_t kMaxLength = 0xffffffffu;
 
-std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
-Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
 void put_u32(std::string& out, uint64_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
@@ -193,7 +191,7 @@ void FileStore::append(char tag, const std::string& key, const std::string& valu
 }
 
 void FileStore::set(const std::string& key, const Bytes& value) {
-  locked(true, [&] { append('S', key, text(value)); });
+  locked(true, [&] { append('S', key, to_text(value)); });
 }
 
 Bytes FileStore::get(const std::string& key) {
@@ -202,7 +200,7 @@ Bytes FileStore::get(const std::string& key) {
     std::optional<Bytes> value = locked(false, [&]() -> std::optional<Bytes> {
       auto it = data_.find(key);
       if (it == data_.end()) return std::nullopt;
-      return bytes(it->second);
+      return to_bytes(it->second);
     });
     if (value) return *value;
     const auto now = Clock::now();
@@ -230,11 +228,11 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
 Bytes FileStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
   return locked(true, [&] {
     auto it = data_.find(key);
-    if (it == data_.end() ? expected.empty() : it->second == text(expected)) {
-      append('S', key, text(desired));
+    if (it == data_.end() ? expected.empty() : it->second == to_text(expected)) {
+      append('S', key, to_text(desired));
       return desired;
     }
-    return it == data_.end() ? Bytes() : bytes(it->second);
+    return it == data_.end() ? Bytes() : to_bytes(it->second);
   });
 }
 

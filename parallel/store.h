@@ -23,6 +23,10 @@ namespace weft::parallel {
 
 using Bytes = std::vector<uint8_t>;
 
+// Text values as the store's bytes, and back.
+inline Bytes to_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+inline std::string to_text(const Bytes& b) { return std::string(b.begin(), b.end()); }
+
 class Store {
  public:
   // PyTorch's default for a process group's rendezvous.
@@ -53,10 +57,7 @@ class Store {
 
   // Convenience for text values.
   void set(const std::string& key, const std::string& value) { set(key, Bytes(value.begin(), value.end())); }
-  std::string get_string(const std::string& key) {
-    Bytes b = get(key);
-    return std::string(b.begin(), b.end());
-  }
+  std::string get_string(const std::string& key) { return to_text(get(key)); }
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }

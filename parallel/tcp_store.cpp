@@ -309,7 +309,6 @@ class TCPStore::Client {
 namespace {
 
 std::string_view view(const Bytes& b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
-Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
 std::string describe(const char* op, const std::string& key) { return std::string("TCPStore ") + op + "('" + key + "')"; }
 
@@ -355,7 +354,7 @@ Bytes TCPStore::get(const std::string& key) {
   Writer w(Command::Get);
   w.str(key).i64(wait.count());
   return client_->request(what, w.data(), timeout(), wait,
-                          [](Connection& c, Clock::time_point deadline) { return bytes(c.str(deadline)); });
+                          [](Connection& c, Clock::time_point deadline) { return to_bytes(c.str(deadline)); });
 }
 
 int64_t TCPStore::add(const std::string& key, int64_t delta) {
@@ -375,7 +374,7 @@ Bytes TCPStore::compare_set(const std::string& key, const Bytes& expected, const
   Writer w(Command::CompareSet);
   w.str(key).str(view(expected)).str(view(desired));
   return client_->request(what, w.data(), timeout(), std::nullopt,
-                          [](Connection& c, Clock::time_point deadline) { return bytes(c.str(deadline)); });
+                          [](Connection& c, Clock::time_point deadline) { return to_bytes(c.str(deadline)); });
 }
 
 bool TCPStore::check(const std::vector<std::string>& keys) {

@@ -134,8 +134,8 @@ no_leftovers "the serving node failing"
 # Training: ConvNet on synthetic data, 3 epochs, 1 worker per node. Every node runs the same
 # command (rank 0, wherever it is, writes the checkpoint and the metrics).
 job=(--data synthetic --model convnet --epochs 3 --batch-size 50 --seed 3 --no-progress --mode ddp)
-"$train" "${job[@]}" --nproc 2 --master-port "$(free_port)" --metrics-json "$dir/straight.json" \
-  > "$dir/straight.log" 2>&1 || fail "the uninterrupted 2-worker run failed"
+timeout -k 5 120 "$train" "${job[@]}" --nproc 2 --master-port "$(free_port)" --metrics-json "$dir/straight.json" \
+  > "$dir/straight.log" 2>&1 || fail "the uninterrupted 2-worker run failed (or ran past 120 s)"
 straight=$(value "$dir/straight.json" test_accuracy)
 
 # trainer NAME JOB RESTARTS [weft-train options]: an agent training job JOB (checkpoint
