@@ -1,10 +1,14 @@
 // The nccl backend across processes (CUDA suite: skipped without a GPU): the same workers as
 // test_process_group, test_ddp and test_pipeline, with WEFT_TEST_BACKEND=nccl, so every
 // collective, reduce op and dtype, the ring all-reduce over NCCL's sends and receives, a dead
-// peer, and DDP's and a multi-process pipeline's equivalence with one process are checked on
-// CUDA tensors. With fewer GPUs than ranks the ranks share them, each with its own
-// NCCL_HOSTID and NCCL over sockets on loopback (what weft-run sets up; DESIGN.md, pitfalls).
+// peer, DDP's (a TrainLoop resumed on another world size too) and a multi-process pipeline's
+// equivalence with one process are checked on CUDA tensors. With fewer GPUs than ranks the
+// ranks share them, each with its own NCCL_HOSTID and NCCL over sockets on loopback (what
+// weft-run sets up; DESIGN.md, pitfalls).
 #include "test_util.h"
+
+#include <filesystem>
+#include <unistd.h>
 
 #include "parallel/process_group_nccl.h"
 #include "spawn_ranks.h"
@@ -78,6 +82,17 @@ TEST_CASE("nccl: DDP on CUDA ranks equals one process on the whole batch") {
   test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "equivalence", "convnet", "adam", "views"}, nccl_rank_envs(2),
                                    std::chrono::seconds(240)));
   test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "partial_use"}, nccl_rank_envs(2), std::chrono::seconds(240)));
+}
+
+TEST_CASE("nccl: a ddp TrainLoop resumed mid-epoch on another world size equals one process") {
+  if (skip_without_nccl()) return;
+  const std::string checkpoint = (std::filesystem::temp_directory_path() /
+                                  ("weft_nccl_elastic_" + std::to_string(::getpid()) + ".safetensors")).string();
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "elastic", "stop", "adam", checkpoint}, nccl_rank_envs(2),
+                                         std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "elastic", "resume", "adam", checkpoint, "2"},
+                                         nccl_rank_envs(3), std::chrono::seconds(240)));
+  std::filesystem::remove(checkpoint);
 }
 
 TEST_CASE("nccl: a pipeline with a stage per CUDA rank equals one device") {

@@ -9,6 +9,7 @@
 #include "test_util.h"
 
 #include <filesystem>
+#include <tuple>
 #include <unistd.h>
 
 #include "parallel/distributed.h"
@@ -90,6 +91,24 @@ TEST_CASE("DDP: different models on different ranks fail on every rank, naming t
 TEST_CASE("DDP: every replica starts from rank 0's weights") {
   if (skip_without_gloo()) return;
   test::check_all_ok(test::run_ranks({worker, "broadcast"}, 3, std::chrono::seconds(60)));
+}
+
+TEST_CASE("a ddp TrainLoop resumed mid-epoch on another world size equals one process on the same positions") {
+  if (skip_without_gloo()) return;
+  // Note [Elastic resume equivalence] in tests/ddp_worker.cpp: growing and shrinking, with
+  // padding (100 samples) and a short last step, SGD with momentum and Adam.
+  const std::vector<std::tuple<int, int, std::string>> cases = {{2, 3, "sgd"}, {3, 2, "adam"}, {2, 1, "sgd"}};
+  for (const auto& [before, after, optimizer] : cases) {
+    CAPTURE(before);
+    CAPTURE(after);
+    const auto checkpoint = std::filesystem::temp_directory_path() /
+                            ("weft_ddp_elastic_" + std::to_string(::getpid()) + ".safetensors");
+    test::check_all_ok(test::run_ranks({worker, "elastic", "stop", optimizer, checkpoint.string()}, before,
+                                       std::chrono::seconds(120)));
+    test::check_all_ok(test::run_ranks({worker, "elastic", "resume", optimizer, checkpoint.string(),
+                                        std::to_string(before)}, after, std::chrono::seconds(120)));
+    std::filesystem::remove(checkpoint);
+  }
 }
 
 TEST_CASE("assign_buckets: readiness order, one dtype and device per bucket, a small first bucket") {
