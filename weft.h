@@ -66,6 +66,7 @@
 #include "parallel/replicate.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/store.h"
+#include "parallel/sync_batch_norm.h"
 #include "parallel/tcp_store.h"
 #include "train/data_parallel_strategy.h"
 #include "train/distributed_strategy.h"

@@ -63,7 +63,7 @@ struct Config {
   double lr = 0.01, momentum = 0.9;
   std::optional<double> weight_decay;  // unset: the optimizer's own default (AdamW: 1e-2)
   uint64_t seed = 0;
-  bool no_progress = false;
+  bool no_progress = false, sync_bn = false;
   std::set<std::string> given;  // the flags on the command line, without their "--"
 };
 
@@ -225,12 +225,15 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
   WEFT_CHECK(mode == train::ParallelMode::Pipeline || (c.microbatches == 4 && c.schedule == "1f1b" &&
                                                        c.virtual_stages == 0),
              "--microbatches, --schedule and --virtual-stages are for --mode pipeline");
+  WEFT_CHECK(!c.sync_bn || mode == train::ParallelMode::DistributedDataParallel,
+             "--sync-bn is for --mode ddp (it synchronises BatchNorm across processes, one device each)");
   switch (mode) {
     case train::ParallelMode::Single: return std::make_shared<train::SingleDevice>();
     case train::ParallelMode::DataParallel: return std::make_shared<train::DataParallelStrategy>(devices);
     case train::ParallelMode::DistributedDataParallel: {
       train::DistributedStrategyOptions options;
       options.device = devices[0];
+      options.sync_batch_norm = c.sync_bn;
       return std::make_shared<train::DistributedStrategy>(options);
     }
     case train::ParallelMode::Pipeline:
@@ -442,6 +445,7 @@ int main(int argc, char** argv) {
   app.add_option("--devices", c.devices,
                  "--mode dp or pipeline: the devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (default: every GPU, else "
                  "cpu:0,cpu:1); pipeline: one stage per device");
+  app.add_flag("--sync-bn", c.sync_bn, "--mode ddp: BatchNorm statistics over every rank's samples (SyncBatchNorm)");
   app.add_option("--microbatches", c.microbatches, "--mode pipeline: micro-batches per batch (4)")
       ->check(flags::positive_integer());
   app.add_option("--schedule", c.schedule, "--mode pipeline: gpipe, 1f1b (default) or interleaved")

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "nn/module.h"
 
@@ -38,6 +39,18 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
   // Running stats back to mean 0, var 1 and num_batches_tracked to 0 (PyTorch's
   // reset_running_stats).
   void reset_running_stats();
+
+ protected:
+  // For a layer that is a BatchNorm2d with its own forward (parallel::SyncBatchNorm).
+  BatchNorm2d(std::string type_name, int64_t num_features, double eps, std::optional<double> momentum, bool affine,
+              bool track_running_stats, const TensorOptions& options);
+  // A shallow copy of `from` (its very tensors) under another type name.
+  BatchNorm2d(const BatchNorm2d& from, std::string type_name);
+  // Refuses an input that is not [N, num_features, H, W].
+  void check_input(const Tensor& input) const;
+  // With running stats: in training, counts the batch in num_batches_tracked; returns the
+  // running statistics' update factor (momentum, or 1 / num_batches_tracked without one).
+  double count_batch();
 
  private:
   int64_t num_features_;

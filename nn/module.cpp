@@ -62,6 +62,13 @@ Module& Module::child(std::string_view name) const {
   return *it->second;
 }
 
+void Module::replace_child(std::string_view name, std::shared_ptr<Module> module) {
+  auto it = std::find_if(children_.begin(), children_.end(), [&](const auto& e) { return e.first == name; });
+  WEFT_CHECK(it != children_.end(), type_name_, " has no child module '", name, "' to replace");
+  WEFT_CHECK(module != nullptr, type_name_, ": replace_child('", name, "') was given a null module");
+  it->second = std::move(module);
+}
+
 void Module::collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out) const {
   for (const auto& [name, t] : params ? params_ : buffers_) out.emplace_back(prefix + name, t);
   if (!recurse) return;

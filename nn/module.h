@@ -68,6 +68,10 @@ class Module {
   Module& child(std::string_view name) const;
   template <class M>
   M& child_as(std::string_view name) const;
+  // Puts `module` in the slot of the existing child `name`, keeping its place in the order
+  // (what a conversion such as parallel::SyncBatchNorm::convert does; PyTorch sets the
+  // attribute). forward() reads children by name, so the next call uses the new one.
+  void replace_child(std::string_view name, std::shared_ptr<Module> module);
 
   // --- state ------------------------------------------------------------------------
   void train(bool on = true);  // recursive, as in PyTorch
@@ -116,6 +120,9 @@ class Module {
   // A copy that shares tensors and children with this one; clone() and replica() then
   // replace them.
   virtual std::shared_ptr<Module> shallow_copy() const = 0;
+  // The same shallow copy under another type name: for a derived layer made from an
+  // existing one, holding its very tensors (parallel::SyncBatchNorm::convert).
+  Module(const Module& other, std::string type_name) : Module(other) { type_name_ = std::move(type_name); }
 
  private:
   void check_new_name(const std::string& name) const;

@@ -1,4 +1,5 @@
-// One rank of the DistributedDataParallel tests (tests/test_ddp.cpp starts several):
+// One rank of the DistributedDataParallel tests (tests/test_ddp.cpp starts several; the
+// SyncBatchNorm and TrainLoop scenarios are in tests/ddp_worker_training.cpp):
 //
 //   ddp_worker SCENARIO [ARGS]     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
 //
@@ -7,83 +8,27 @@
 // DDP replica against the reference. Prints "FAIL: ..." lines and exits 1 on a failure.
 // WEFT_TEST_BACKEND=nccl runs on CUDA ranks (cuda:LOCAL_RANK modulo the devices; the
 // reference on the same device); the default is gloo on the CPU.
-#include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <iostream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <weft.h>
 
+#include "ddp_worker_util.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
-#include "train/distributed_strategy.h"
-#include "train/train_loop.h"
-#include "worker_backend.h"
 
 using namespace weft;
+using namespace weft::ddp_worker;
 using namespace weft::parallel;
 
 namespace {
 
-int failures = 0;
-
-std::string backend() { return test::worker_backend(); }
-Device device() { return test::worker_device(); }
-void fail(const std::string& what) {
-  std::cout << "FAIL: rank " << get_rank() << ": " << what << std::endl;
-  ++failures;
-}
-
-std::shared_ptr<nn::Module> make_model(const std::string& name) {
-  Generator gen(7);
-  std::shared_ptr<nn::Module> m;
-  if (name == "convnet") m = std::make_shared<nn::ConvNet>(10, &gen);
-  else if (name == "resnet") m = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &gen);
-  else m = std::make_shared<nn::MLP>(20, std::vector<int64_t>{16, 12}, 10, 0.0, &gen);
-  m->to(DType::Float64);
-  m->to(device());
-  if (name == "resnet") m->eval();  // BatchNorm on running statistics: what DDP matches (Note in test_ddp.cpp)
-  return m;
-}
-
-Shape sample_shape(const std::string& model) { return model == "mlp" ? Shape{20} : model == "resnet" ? Shape{1, 12, 12} : Shape{1, 28, 28}; }
-
-std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& name, const std::vector<Tensor>& params) {
-  if (name == "adam") return std::make_shared<optim::Adam>(params, optim::AdamOptions{0.01});
-  return std::make_shared<optim::SGD>(params, optim::SGDOptions{0.05, 0.9});
-}
-
-// The global batch of step s: ranks * per_rank samples.
-std::pair<Tensor, Tensor> batch(int step, int64_t rows, const Shape& sample) {
-  Generator gen(1000 + step);
-  Shape shape = sample;
-  shape.insert(0, rows);
-  return {randn(shape, TensorOptions(DType::Float64), &gen).to(device()),
-          randint(0, 10, {rows}, DType::Int64, &gen).to(device())};
-}
-
-bool close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double rtol, std::string* where) {
-  for (size_t i = 0; i < a.size(); ++i) {
-    auto x = a[i].to_vector<double>(), y = b[i].to_vector<double>();
-    for (size_t k = 0; k < x.size(); ++k)
-      if (!(std::fabs(x[k] - y[k]) <= 1e-12 + rtol * std::fabs(y[k]))) {
-        std::ostringstream out;
-        out << "parameter " << i << " element " << k << ": " << x[k] << " vs " << y[k];
-        *where = out.str();
-        return false;
-      }
-  }
-  return true;
-}
-
 // DDP over the world, per-rank batch b, against one process on the whole batch.
 int scenario_equivalence(const std::string& model, const std::string& optimizer, bool bucket_view) {
   init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
-  const int rank = get_rank(), world = get_world_size();
   const int64_t b = 3;
   auto reference = make_model(model);
   auto local = make_model(model);
@@ -94,15 +39,7 @@ int scenario_equivalence(const std::string& model, const std::string& optimizer,
   DistributedDataParallel ddp(local, nullptr, options);
   auto opt_ref = make_optimizer(optimizer, reference->parameters());
   auto opt_ddp = make_optimizer(optimizer, local->parameters());
-  for (int step = 0; step < 20; ++step) {
-    auto [x, y] = batch(step, world * b, sample_shape(model));
-    opt_ref->zero_grad();
-    cross_entropy(reference->forward(x), y).backward();
-    opt_ref->step();
-    opt_ddp->zero_grad();
-    cross_entropy(ddp(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b)).backward();
-    opt_ddp->step();
-  }
+  train_side_by_side(*reference, *opt_ref, ddp, *opt_ddp, model, 20, b);
   std::string where;
   if (!close(local->parameters(), reference->parameters(), 1e-9, &where))
     fail(model + "/" + optimizer + (bucket_view ? "/bucket views" : "") + ": DDP differs from one process: " + where);
@@ -277,134 +214,6 @@ int scenario_broadcast() {
   return failures == 0 ? 0 : 1;
 }
 
-// Note [Elastic resume equivalence]: a TrainLoop ddp job of R ranks stops at its first
-// mid-epoch checkpoint ("stop"), and a job of R' ranks resumes from it ("resume R"). Per-rank
-// batch b, DistributedSampler's strided shards: every step of R ranks trains the next R * b
-// positions of the epoch's global order (the permutation seeded seed + epoch, continued
-// cyclically for padding), and the resumed job trains the rest in steps of R' * b (its last
-// step shorter when the remainder's shard is not a multiple of b). So the job equals one
-// process taking those position ranges as batches: R * b up to the checkpoint, R' * b after
-// it, in every later epoch too. The reference walks the positions itself.
-constexpr int64_t kElasticSamples = 100, kElasticBatch = 4, kElasticEvery = 4;
-constexpr uint64_t kElasticSeed = 21;
-
-struct ElasticSetup {
-  std::shared_ptr<nn::Module> model;
-  std::shared_ptr<optim::Optimizer> optimizer;
-  std::shared_ptr<data::TensorDataset> dataset;
-};
-
-ElasticSetup elastic_setup(const std::string& optimizer) {
-  ElasticSetup s;
-  s.model = make_model("mlp");
-  s.optimizer = make_optimizer(optimizer, s.model->parameters());
-  Generator gen(11);
-  s.dataset = std::make_shared<data::TensorDataset>(randn({kElasticSamples, 20}, TensorOptions(DType::Float64), &gen),
-                                                    randint(0, 10, {kElasticSamples}, DType::Int64, &gen));
-  return s;
-}
-
-// One process training on global positions [begin, end) of `order` in steps of `ranks` * b
-// samples. Adds each step's loss times its ranks (the loop sums per-rank batch losses) and
-// its ranks.
-void reference_steps(ElasticSetup& s, const std::vector<int64_t>& order, int64_t begin, int64_t end, int ranks,
-                     double* loss_sum, double* batches) {
-  const int64_t n = static_cast<int64_t>(order.size()), step = ranks * kElasticBatch;
-  for (int64_t pos = begin; pos < end; pos += step) {
-    std::vector<int64_t> rows;
-    for (int64_t p = pos; p < std::min(end, pos + step); ++p) rows.push_back(order[p % n]);
-    data::Batch batch = s.dataset->get_batch(rows);
-    s.optimizer->zero_grad();
-    Tensor loss = cross_entropy(s.model->forward(batch.data.to(device())), batch.target.to(device()));
-    loss.backward();
-    s.optimizer->step();
-    *loss_sum += ranks * loss.item<double>();
-    *batches += ranks;
-  }
-}
-
-// Positions a job of `ranks` trains from `start` to the epoch's end: the remainder rounded up
-// to a multiple of the ranks (DistributedSampler's padding).
-int64_t padded_end(int64_t start, int ranks) {
-  return start + (kElasticSamples - start + ranks - 1) / ranks * ranks;
-}
-
-struct StopAtFirstCheckpoint : train::Callback {
-  void on_checkpoint(train::TrainLoop& loop) override { loop.request_stop(); }
-};
-
-//   ddp_worker elastic stop OPTIMIZER CHECKPOINT
-//   ddp_worker elastic resume OPTIMIZER CHECKPOINT RANKS_BEFORE
-int scenario_elastic(const std::string& phase, const std::string& optimizer, const std::string& checkpoint,
-                     int ranks_before) {
-  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
-  const int world = get_world_size(), world_before = phase == "stop" ? world : ranks_before;
-  ElasticSetup s = elastic_setup(optimizer);
-  data::DataLoaderOptions loader;
-  loader.batch_size = kElasticBatch;
-  loader.shuffle = true;
-  loader.seed = kElasticSeed;
-  train::DistributedStrategyOptions strategy;
-  strategy.device = device();
-  strategy.ddp.bucket_cap_mb = 0.02;
-  strategy.ddp.first_bucket_mb = 0.005;
-  train::TrainLoopOptions options;
-  options.strategy = std::make_shared<train::DistributedStrategy>(strategy);
-  options.checkpoint_path = checkpoint;
-  options.checkpoint_every = kElasticEvery;
-  options.progress = false;
-  std::ostringstream log;
-  options.log = &log;
-  train::TrainLoop loop(s.model, std::make_shared<data::DataLoader>(s.dataset, loader), nullptr, nullptr, s.optimizer,
-                        [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, options);
-  const int64_t stopped_at = kElasticEvery * kElasticBatch * world_before;
-  if (phase == "stop") {
-    loop.add_callback(std::make_shared<StopAtFirstCheckpoint>());
-    loop.fit(2);
-    if (loop.epoch() != 0 || loop.epoch_samples() != stopped_at)
-      fail("stopped after epoch " + std::to_string(loop.epoch()) + " + " + std::to_string(loop.epoch_samples()) +
-           " samples, not 0 + " + std::to_string(stopped_at));
-    destroy_process_group();
-    return failures == 0 ? 0 : 1;
-  }
-  loop.resume(checkpoint);
-  if (loop.epoch_samples() != stopped_at)
-    fail("the checkpoint is " + std::to_string(loop.epoch_samples()) + " samples into the epoch");
-  const auto results = loop.fit(2);
-
-  // The reference, and one that wrongly assumes the world size never changed: the DDP job
-  // must match the first and not the second, or the test could not tell them apart.
-  auto order = [](int epoch) {
-    Generator gen(kElasticSeed + epoch);
-    return randperm(kElasticSamples, DType::Int64, &gen).to_vector<int64_t>();
-  };
-  std::vector<double> loss_means;
-  ElasticSetup ref = elastic_setup(optimizer), unchanged = elastic_setup(optimizer);
-  double ignored_sum = 0, ignored_batches = 0;
-  for (int epoch = 0; epoch < 2; ++epoch) {
-    double loss_sum = 0, batches = 0;
-    const int64_t start = epoch == 0 ? stopped_at : 0;
-    if (epoch == 0) reference_steps(ref, order(0), 0, stopped_at, world_before, &loss_sum, &batches);
-    reference_steps(ref, order(epoch), start, padded_end(start, world), world, &loss_sum, &batches);
-    loss_means.push_back(loss_sum / batches);
-    reference_steps(unchanged, order(epoch), 0, padded_end(0, world_before), world_before, &ignored_sum,
-                    &ignored_batches);
-  }
-  std::string where;
-  const std::string what = optimizer + ", " + std::to_string(world_before) + " -> " + std::to_string(world) + " ranks";
-  if (!close(s.model->parameters(), ref.model->parameters(), 1e-9, &where))
-    fail(what + ": the resumed job differs from one process taking the same positions: " + where);
-  if (close(s.model->parameters(), unchanged.model->parameters(), 1e-6, &where))
-    fail(what + ": the job also equals training without the change of world size: the test cannot tell");
-  if (results.size() != 2) fail(what + ": fit completed " + std::to_string(results.size()) + " epochs, not 2");
-  for (size_t e = 0; e < results.size() && e < loss_means.size(); ++e)
-    if (!(std::fabs(results[e].train_loss - loss_means[e]) <= 1e-9 * std::fabs(loss_means[e])))
-      fail(what + ": epoch " + std::to_string(e + 1) + "'s mean loss is " + std::to_string(results[e].train_loss) +
-           ", the reference's " + std::to_string(loss_means[e]));
-  destroy_process_group();
-  return failures == 0 ? 0 : 1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -417,6 +226,8 @@ int main(int argc, char** argv) {
     if (scenario == "partial_use") return scenario_partial_use();
     if (scenario == "mismatch") return scenario_mismatch();
     if (scenario == "broadcast") return scenario_broadcast();
+    if (scenario == "sync_bn") return scenario_sync_bn(arg1);
+    if (scenario == "sync_bn_uneven") return scenario_sync_bn_uneven();
     if (scenario == "elastic" && argc > 4)
       return scenario_elastic(arg1, arg2, argv[4], argc > 5 ? std::stoi(argv[5]) : 0);
   } catch (const std::exception& e) {

@@ -1,10 +1,10 @@
 // The nccl backend across processes (CUDA suite: skipped without a GPU): the same workers as
 // test_process_group, test_ddp and test_pipeline, with WEFT_TEST_BACKEND=nccl, so every
 // collective, reduce op and dtype, the ring all-reduce over NCCL's sends and receives, a dead
-// peer, DDP's (a TrainLoop resumed on another world size too) and a multi-process pipeline's
-// equivalence with one process are checked on CUDA tensors. With fewer GPUs than ranks the
-// ranks share them, each with its own NCCL_HOSTID and NCCL over sockets on loopback (what
-// weft-run sets up; DESIGN.md, pitfalls).
+// peer, DDP's (a TrainLoop resumed on another world size too, SyncBatchNorm) and a
+// multi-process pipeline's equivalence with one process are checked on CUDA tensors. With
+// fewer GPUs than ranks the ranks share them, each with its own NCCL_HOSTID and NCCL over
+// sockets on loopback (what weft-run sets up; DESIGN.md, pitfalls).
 #include "test_util.h"
 
 #include <filesystem>
@@ -82,6 +82,14 @@ TEST_CASE("nccl: DDP on CUDA ranks equals one process on the whole batch") {
   test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "equivalence", "convnet", "adam", "views"}, nccl_rank_envs(2),
                                    std::chrono::seconds(240)));
   test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "partial_use"}, nccl_rank_envs(2), std::chrono::seconds(240)));
+}
+
+TEST_CASE("nccl: SyncBatchNorm on CUDA ranks equals BatchNorm2d on the whole batch") {
+  if (skip_without_nccl()) return;
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "sync_bn", "sgd"}, nccl_rank_envs(2),
+                                         std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "sync_bn_uneven"}, nccl_rank_envs(3),
+                                         std::chrono::seconds(240)));
 }
 
 TEST_CASE("nccl: a ddp TrainLoop resumed mid-epoch on another world size equals one process") {

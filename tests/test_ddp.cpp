@@ -1,11 +1,12 @@
 // DistributedDataParallel: ranks as processes over loopback (Gloo), each checking its replica
 // against single-process training on the whole batch (tests/ddp_worker.cpp); bucket
-// assignment and rebuilding in one process.
+// assignment and rebuilding in one process; SyncBatchNorm; a ddp TrainLoop resumed on another
+// world size (tests/ddp_worker_training.cpp).
 //
-// Note: BatchNorm in training mode normalises each rank's batch with that batch's
-// statistics, so DDP matches one process on the whole batch only with BatchNorm in
-// evaluation mode (PyTorch's DDP likewise; SyncBatchNorm is its answer): the ResNet case
-// runs in evaluation mode.
+// Note: BatchNorm2d in training mode normalises each rank's batch with that batch's
+// statistics, so plain DDP matches one process on the whole batch only with BatchNorm in
+// evaluation mode (PyTorch's DDP likewise): the ResNet equivalence case runs in evaluation
+// mode, and the SyncBatchNorm cases show training mode matching once the layers are converted.
 #include "test_util.h"
 
 #include <filesystem>
@@ -16,7 +17,9 @@
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/file_store.h"
 #include "parallel/process_group_gloo.h"
+#include "parallel/sync_batch_norm.h"
 #include "spawn_ranks.h"
+#include "train/distributed_strategy.h"
 
 using namespace weft;
 using doctest::Contains;
@@ -93,12 +96,28 @@ TEST_CASE("DDP: every replica starts from rank 0's weights") {
   test::check_all_ok(test::run_ranks({worker, "broadcast"}, 3, std::chrono::seconds(60)));
 }
 
+TEST_CASE("SyncBatchNorm: DDP in training mode equals one process with BatchNorm2d on the whole batch") {
+  if (skip_without_gloo()) return;
+  test::check_all_ok(test::run_ranks({worker, "sync_bn", "sgd"}, 2, std::chrono::seconds(180)));
+  test::check_all_ok(test::run_ranks({worker, "sync_bn", "adam"}, 3, std::chrono::seconds(180)));
+}
+
+TEST_CASE("SyncBatchNorm: ranks with different numbers of samples, one with none, equal one BatchNorm2d") {
+  if (skip_without_gloo()) return;
+  for (int world : {2, 3, 4}) {
+    CAPTURE(world);
+    test::check_all_ok(test::run_ranks({worker, "sync_bn_uneven"}, world, std::chrono::seconds(60)));
+  }
+}
+
 TEST_CASE("a ddp TrainLoop resumed mid-epoch on another world size equals one process on the same positions") {
   if (skip_without_gloo()) return;
-  // Note [Elastic resume equivalence] in tests/ddp_worker.cpp: growing and shrinking, with
-  // padding (100 samples) and a short last step, SGD with momentum and Adam.
+  // Note [Elastic resume equivalence] in tests/ddp_worker_training.cpp: growing and
+  // shrinking, with padding (100 samples) and a short last step, SGD with momentum and Adam.
   const std::vector<std::tuple<int, int, std::string>> cases = {{2, 3, "sgd"}, {3, 2, "adam"}, {2, 1, "sgd"}};
-  for (const auto& [before, after, optimizer] : cases) {
+  for (const auto& entry : cases) {
+    const int before = std::get<0>(entry), after = std::get<1>(entry);
+    const std::string& optimizer = std::get<2>(entry);
     CAPTURE(before);
     CAPTURE(after);
     const auto checkpoint = std::filesystem::temp_directory_path() /
@@ -109,6 +128,73 @@ TEST_CASE("a ddp TrainLoop resumed mid-epoch on another world size equals one pr
                                         std::to_string(before)}, after, std::chrono::seconds(120)));
     std::filesystem::remove(checkpoint);
   }
+}
+
+TEST_CASE("SyncBatchNorm::convert keeps names, tensors and modes; without peers it is BatchNorm2d") {
+  Generator gen(3);
+  auto model = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &gen);
+  model->eval();
+  const auto before = model->named_parameters();
+  const auto buffers_before = model->named_buffers();
+  auto plain = model->clone();
+  CHECK(parallel::SyncBatchNorm::convert(model) == model);
+  int converted = 0;
+  for (const auto& entry : model->named_modules()) {
+    const nn::Module* m = entry.second;
+    CHECK_MESSAGE(m->type_name() != "BatchNorm2d", entry.first);
+    if (m->type_name() == "SyncBatchNorm") {
+      ++converted;
+      CHECK_FALSE(m->is_training());
+      CHECK(dynamic_cast<const nn::BatchNorm2d*>(m) != nullptr);  // still a BatchNorm2d
+    }
+  }
+  CHECK(converted == 9);  // the stem's, two in each of the three blocks, one in each downsample
+  const auto after = model->named_parameters();
+  REQUIRE(after.size() == before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    CHECK(after[i].first == before[i].first);
+    CHECK(after[i].second.is_same(before[i].second));  // an optimizer made before still holds them
+  }
+  const auto buffers_after = model->named_buffers();
+  REQUIRE(buffers_after.size() == buffers_before.size());
+  for (size_t i = 0; i < buffers_after.size(); ++i) CHECK(buffers_after[i].first == buffers_before[i].first);
+  CHECK(parallel::SyncBatchNorm::convert(model) == model);  // nothing left to convert
+  CHECK(model->clone()->child("bn1").type_name() == "SyncBatchNorm");
+  CHECK(model->repr().find("(bn1): SyncBatchNorm(16, eps=1e-05, momentum=0.1") != std::string::npos);
+
+  // No process group, or a group of one: exactly BatchNorm2d, in training mode too.
+  for (bool solo : {false, true}) {
+    CAPTURE(solo);
+    auto layer = parallel::SyncBatchNorm::convert(std::make_shared<nn::BatchNorm2d>(3),
+                                                  solo && parallel::gloo_available() ? solo_group() : nullptr);
+    auto reference = std::make_shared<nn::BatchNorm2d>(3);
+    Tensor x = randn({4, 3, 2, 2}, DType::Float32, &gen);
+    CHECK(layer->forward(x).to_vector<float>() == reference->forward(x).to_vector<float>());
+    CHECK(layer->buffer("running_var").to_vector<float>() == reference->buffer("running_var").to_vector<float>());
+  }
+  CHECK_THROWS_WITH_AS(parallel::SyncBatchNorm(3).forward(ones({2, 3})),
+                       Contains("SyncBatchNorm: expected a 4-d input"), Error);
+}
+
+TEST_CASE("the TrainLoop's ddp strategy converts BatchNorm2d layers when asked") {
+  if (skip_without_gloo()) return;
+  const auto path = std::filesystem::temp_directory_path() / ("weft_ddp_strategy_" + std::to_string(::getpid()));
+  parallel::init_process_group("gloo", {.init_method = "file://" + path.string(), .rank = 0, .world_size = 1,
+                                        .timeout = std::chrono::seconds(10)});
+  for (bool sync : {false, true}) {
+    CAPTURE(sync);
+    Generator gen(5);
+    auto model = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &gen);
+    train::DistributedStrategyOptions options;
+    options.sync_batch_norm = sync;
+    train::DistributedStrategy strategy(options);
+    auto runner = strategy.prepare(model);
+    CHECK(runner->type_name() == "DistributedDataParallel");
+    CHECK(model->child("bn1").type_name() == (sync ? "SyncBatchNorm" : "BatchNorm2d"));
+    CHECK(&runner->child("module") == model.get());
+  }
+  parallel::destroy_process_group();
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("assign_buckets: readiness order, one dtype and device per bucket, a small first bucket") {

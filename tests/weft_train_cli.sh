@@ -160,9 +160,12 @@ awk -v a="$single_accuracy" -v b="$dp_accuracy" 'BEGIN { d = a - b; if (d < 0) d
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
               echo $((20000 + RANDOM % 20000)); }
 # --mode ddp, self-started through weft-run: 2 ranks of 50 samples a batch reach the accuracy
-# of one process at batch 100; the metrics count the ranks.
-"$train" "${data[@]}" --model mlp --epochs 1 --batch-size 50 --seed 1 --no-progress --mode ddp --nproc 2 \
+# of one process at batch 100; the metrics count the ranks. --sync-bn on a model without
+# BatchNorm changes nothing and says so.
+"$train" "${data[@]}" --model mlp --epochs 1 --batch-size 50 --seed 1 --no-progress --mode ddp --nproc 2 --sync-bn \
   --master-port "$(free_port)" --metrics-json "$dir/ddp.json" > "$dir/ddp.log" 2>&1 || { echo "FAIL: --mode ddp:"; cat "$dir/ddp.log"; exit 1; }
+grep -q "sync_batch_norm: the MLP model has no BatchNorm2d layer" "$dir/ddp.log" ||
+  { echo "FAIL: --sync-bn without BatchNorm said nothing:"; cat "$dir/ddp.log"; exit 1; }
 [ "$(value "$dir/ddp.json" mode)" = ddp ] && [ "$(value "$dir/ddp.json" world_size)" = 2 ] ||
   { echo "FAIL: ddp metrics:"; cat "$dir/ddp.json"; exit 1; }
 ddp_accuracy=$(value "$dir/ddp.json" test_accuracy)
@@ -195,6 +198,7 @@ stopped_at=$(meta "$dir/ddp_resumed.st" epoch_samples)
 cmp "$dir/ddp_straight.st" "$dir/ddp_resumed.st" ||
   { echo "FAIL: a resumed ddp run differs from an uninterrupted one"; exit 1; }
 expect_failure "--mode ddp runs one process per device" --data synthetic --mode ddp --nproc 2 --devices cpu:0,cpu:1
+expect_failure "--sync-bn is for --mode ddp" --data synthetic --model resnet --sync-bn
 
 # An elastic worker resumes from its --checkpoint by itself, with another world size: one
 # process is killed just after a mid-epoch checkpoint, then 2 ddp ranks finish that epoch.

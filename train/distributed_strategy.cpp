@@ -1,10 +1,14 @@
 // DistributedStrategy: join the group, wrap in DDP, shard the loaders, all-reduce the sums.
 #include "train/distributed_strategy.h"
 
+#include <algorithm>
+#include <iostream>
+
 #include "core/error.h"
 #include "data/sampler.h"
 #include "parallel/distributed.h"
 #include "parallel/launch_env.h"
+#include "parallel/sync_batch_norm.h"
 
 namespace weft::train {
 
@@ -26,6 +30,16 @@ DistributedStrategy::DistributedStrategy(DistributedStrategyOptions options) : o
 
 std::shared_ptr<nn::Module> DistributedStrategy::prepare(std::shared_ptr<nn::Module> model) {
   model->to(device_);
+  if (options_.sync_batch_norm) {
+    const auto modules = model->named_modules();
+    const bool any = std::any_of(modules.begin(), modules.end(), [](const auto& entry) {
+      return dynamic_cast<const nn::BatchNorm2d*>(entry.second) != nullptr;
+    });
+    if (!any && rank() == 0)
+      std::cerr << "weft: sync_batch_norm: the " << model->type_name() << " model has no BatchNorm2d layer, so there "
+                << "are no statistics to synchronise" << std::endl;
+    model = parallel::SyncBatchNorm::convert(std::move(model), group_);
+  }
   ddp_ = std::make_shared<parallel::DistributedDataParallel>(std::move(model), group_, options_.ddp);
   return ddp_;
 }

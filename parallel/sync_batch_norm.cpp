@@ -1,0 +1,109 @@
+// SyncBatchNorm: the statistics of Note [Synchronised statistics] as differentiable ops
+// around two all-reduces, each recorded as a graph node whose backward all-reduces too.
+#include "parallel/sync_batch_norm.h"
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
+#include "kernels/shape_ops.h"
+#include "parallel/distributed.h"
+
+namespace weft::parallel {
+
+namespace {
+
+// The sum of `t` over the group's ranks, differentiable: d(sum)/d(t on rank k) is the sum of
+// every rank's incoming gradient (each rank's loss depends on the same sum). Every rank
+// reaches this node's backward in the same order (the same graph), so the backward
+// all-reduces line up as the forward ones do.
+Tensor all_reduce_sum(const Tensor& t, const std::shared_ptr<ProcessGroup>& group) {
+  Tensor out = t.detach().clone();
+  group->all_reduce(out, ReduceOp::Sum)->wait();
+  if (any_requires_grad(t)) {
+    set_history(out, make_node(
+                         "SyncBatchNormAllReduceBackward",
+                         [group, shape = t.shape(), options = TensorOptions(t.dtype(), t.device())](
+                             const GradList& grads) -> GradList {
+                           // A fresh buffer: the incoming gradient may be shared or a view, and
+                           // a rank whose loss did not reach here still has to take part.
+                           Tensor g = grads[0].defined() ? grads[0].clone() : zeros(shape, options);
+                           group->all_reduce(g, ReduceOp::Sum)->wait();
+                           return {g};
+                         },
+                         t));
+  }
+  return out;
+}
+
+// Dims reduced for per-channel statistics of [N, C, H, W]: all but 1.
+const std::vector<int64_t> kStatDims = {0, 2, 3};
+
+}  // namespace
+
+SyncBatchNorm::SyncBatchNorm(int64_t num_features, double eps, std::optional<double> momentum, bool affine,
+                             bool track_running_stats, const TensorOptions& options,
+                             std::shared_ptr<ProcessGroup> group)
+    : BatchNorm2d("SyncBatchNorm", num_features, eps, momentum, affine, track_running_stats, options),
+      group_(std::move(group)) {}
+
+SyncBatchNorm::SyncBatchNorm(const nn::BatchNorm2d& from, std::shared_ptr<ProcessGroup> group)
+    : BatchNorm2d(from, "SyncBatchNorm"), group_(std::move(group)) {}
+
+std::shared_ptr<ProcessGroup> SyncBatchNorm::sync_group() const {
+  std::shared_ptr<ProcessGroup> group = group_;
+  if (!group && is_initialized()) group = default_group_ptr();
+  return group && group->size() > 1 ? group : nullptr;
+}
+
+Tensor SyncBatchNorm::forward(const Tensor& input) {
+  std::shared_ptr<ProcessGroup> group = is_training() ? sync_group() : nullptr;
+  if (!group) return BatchNorm2d::forward(input);
+  check_input(input);
+  const double factor = track_running_stats() ? count_batch() : 0.0;
+  const int64_t channels = num_features();
+  const Shape per_channel{1, channels, 1, 1};
+  const TensorOptions options(input.dtype(), input.device());
+
+  // 1. The job's mean: every rank's channel sums and its count of values per channel.
+  const double local_count = static_cast<double>(input.numel() / channels);
+  Tensor sums = all_reduce_sum(cat({sum(input, kStatDims), full({1}, local_count, options)}), group);
+  const double count = sums.narrow(0, channels, 1).item();
+  WEFT_CHECK(count > 1, "SyncBatchNorm: expected more than 1 value per channel when training, got ", count,
+             " over the ", group->size(), " ranks (this rank's input has shape ", input.shape(), ")");
+  Tensor mean = div(sums.narrow(0, 0, channels), count);
+
+  // 2. The job's (biased) variance, from the deviations from that mean.
+  Tensor centered = sub(input, mean.view(per_channel));
+  Tensor var = div(all_reduce_sum(sum(mul(centered, centered), kStatDims), group), count);
+
+  Tensor out = mul(centered, pow(add(var, eps()), -0.5).view(per_channel));
+  if (affine()) out = add(mul(out, param("weight").view(per_channel)), param("bias").view(per_channel));
+  if (track_running_stats()) {
+    NoGradGuard no_grad;
+    const Tensor& running_mean = buffer("running_mean");
+    const Tensor& running_var = buffer("running_var");
+    mul_(running_mean, 1.0 - factor);
+    add_(running_mean, mul(mean.detach(), factor));
+    mul_(running_var, 1.0 - factor);
+    add_(running_var, mul(var.detach(), factor * count / (count - 1)));
+  }
+  return out;
+}
+
+std::shared_ptr<nn::Module> SyncBatchNorm::convert(std::shared_ptr<nn::Module> module,
+                                                   std::shared_ptr<ProcessGroup> group) {
+  WEFT_CHECK(module != nullptr, "SyncBatchNorm::convert: the module is null");
+  auto* batch_norm = dynamic_cast<nn::BatchNorm2d*>(module.get());
+  if (batch_norm != nullptr && dynamic_cast<SyncBatchNorm*>(module.get()) == nullptr)
+    return std::shared_ptr<SyncBatchNorm>(new SyncBatchNorm(*batch_norm, group));
+  // Copied first: replace_child changes the list being walked.
+  const auto children = module->named_children();
+  for (const auto& [name, child] : children) {
+    std::shared_ptr<nn::Module> converted = convert(child, group);
+    if (converted != child) module->replace_child(name, std::move(converted));
+  }
+  return module;
+}
+
+}  // namespace weft::parallel

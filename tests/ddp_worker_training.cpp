@@ -1,0 +1,237 @@
+// ddp_worker's scenarios beyond DDP itself: SyncBatchNorm under DDP against BatchNorm2d on
+// the whole batch, and a TrainLoop ddp job resumed on another world size against one process
+// (tests/test_ddp.cpp starts them; tests/ddp_worker.cpp has main).
+#include <algorithm>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ddp_worker_util.h"
+#include "parallel/distributed.h"
+#include "parallel/distributed_data_parallel.h"
+#include "parallel/sync_batch_norm.h"
+#include "train/distributed_strategy.h"
+#include "train/train_loop.h"
+
+namespace weft::ddp_worker {
+
+using namespace weft::parallel;
+
+// ResNet in training mode with its BatchNorm2d layers converted to SyncBatchNorm: DDP over
+// the world equals one process with plain BatchNorm2d on the whole batch, running statistics
+// included (without the conversion it would not: each rank would use its own statistics).
+int scenario_sync_bn(const std::string& optimizer) {
+  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
+  const int64_t b = 3;
+  auto reference = make_model("resnet"), local = make_model("resnet");
+  reference->train();
+  local->train();
+  auto opt_ref = make_optimizer(optimizer, reference->parameters());
+  auto opt_ddp = make_optimizer(optimizer, local->parameters());  // made before the conversion, as users do
+  if (SyncBatchNorm::convert(local) != local) fail("convert returned another module");
+  DDPOptions options;
+  options.bucket_cap_mb = 0.02;
+  options.first_bucket_mb = 0.005;
+  DistributedDataParallel ddp(local, nullptr, options);
+  train_side_by_side(*reference, *opt_ref, ddp, *opt_ddp, "resnet", 8, b);
+  std::string where;
+  if (!close(local->parameters(), reference->parameters(), 1e-9, &where))
+    fail("SyncBatchNorm/" + optimizer + ": DDP differs from one process: " + where);
+  if (!close(local->buffers(), reference->buffers(), 1e-9, &where))
+    fail("SyncBatchNorm/" + optimizer + ": running statistics differ from one process's: " + where);
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+// One SyncBatchNorm with a different number of samples on each rank (none on one of them):
+// outputs, input and parameter gradients and running statistics equal one BatchNorm2d's on
+// all the samples, twice in training mode, then in evaluation mode.
+int scenario_sync_bn_uneven() {
+  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
+  const int rank = get_rank(), world = get_world_size();
+  const std::vector<int64_t> all_sizes = {3, 0, 1, 2};
+  std::vector<int64_t> sizes(all_sizes.begin(), all_sizes.begin() + world);
+  int64_t total = 0, offset = 0;
+  for (int r = 0; r < world; ++r) {
+    if (r == rank) offset = total;
+    total += sizes[r];
+  }
+  const TensorOptions f64(DType::Float64, device());
+  auto reference = std::make_shared<nn::BatchNorm2d>(4, 1e-5, 0.3, true, true, f64);
+  {
+    NoGradGuard no_grad;
+    Generator gen(31);
+    add_(reference->param("weight"), randn({4}, f64, &gen));
+    add_(reference->param("bias"), randn({4}, f64, &gen));
+  }
+  std::shared_ptr<nn::Module> sync = SyncBatchNorm::convert(reference->clone());
+  if (sync->type_name() != "SyncBatchNorm") fail("a BatchNorm2d converted to a " + sync->type_name());
+  std::string where;
+  for (int pass = 0; pass < 3; ++pass) {
+    if (pass == 2) {
+      reference->eval();
+      sync->eval();
+    }
+    Generator gen(40 + pass);
+    Tensor x = mul(randn({total, 4, 3, 5}, f64, &gen), 2.0) + 1.0, g = randn({total, 4, 3, 5}, f64, &gen);
+    Tensor all = x.detach().requires_grad_(true);
+    Tensor expected = reference->forward(all);
+    sum(mul(expected, g)).backward();
+    Tensor mine = x.narrow(0, offset, sizes[rank]).contiguous().requires_grad_(true);
+    Tensor out = sync->forward(mine);
+    sum(mul(out, g.narrow(0, offset, sizes[rank]))).backward();
+    const std::string what = "pass " + std::to_string(pass) + ": ";
+    if (!close({out}, {expected.narrow(0, offset, sizes[rank])}, 1e-12, &where)) fail(what + "output " + where);
+    if (!close({mine.grad()}, {all.grad().narrow(0, offset, sizes[rank])}, 1e-10, &where))
+      fail(what + "input gradient " + where);
+    std::vector<Tensor> grads;
+    for (const Tensor& p : sync->parameters()) {
+      Tensor summed = p.grad().clone();
+      default_group().all_reduce(summed, ReduceOp::Sum)->wait();
+      grads.push_back(summed);
+    }
+    std::vector<Tensor> expected_grads;
+    for (const Tensor& p : reference->parameters()) expected_grads.push_back(p.grad());
+    if (!close(grads, expected_grads, 1e-10, &where)) fail(what + "parameter gradients summed over the ranks " + where);
+    if (!close(sync->buffers(), reference->buffers(), 1e-12, &where)) fail(what + "running statistics " + where);
+    sync->zero_grad();
+    reference->zero_grad();
+  }
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+namespace {
+
+// Note [Elastic resume equivalence]: a TrainLoop ddp job of R ranks stops at its first
+// mid-epoch checkpoint ("stop"), and a job of R' ranks resumes from it ("resume R"). Per-rank
+// batch b, DistributedSampler's strided shards: every step of R ranks trains the next R * b
+// positions of the epoch's global order (the permutation seeded seed + epoch, continued
+// cyclically for padding), and the resumed job trains the rest in steps of R' * b (its last
+// step shorter when the remainder's shard is not a multiple of b). So the job equals one
+// process taking those position ranges as batches: R * b up to the checkpoint, R' * b after
+// it, in every later epoch too. The reference walks the positions itself.
+constexpr int64_t kElasticSamples = 100, kElasticBatch = 4, kElasticEvery = 4;
+constexpr uint64_t kElasticSeed = 21;
+
+struct ElasticSetup {
+  std::shared_ptr<nn::Module> model;
+  std::shared_ptr<optim::Optimizer> optimizer;
+  std::shared_ptr<data::TensorDataset> dataset;
+};
+
+ElasticSetup elastic_setup(const std::string& optimizer) {
+  ElasticSetup s;
+  s.model = make_model("mlp");
+  s.optimizer = make_optimizer(optimizer, s.model->parameters());
+  Generator gen(11);
+  s.dataset = std::make_shared<data::TensorDataset>(randn({kElasticSamples, 20}, TensorOptions(DType::Float64), &gen),
+                                                    randint(0, 10, {kElasticSamples}, DType::Int64, &gen));
+  return s;
+}
+
+// One process training on global positions [begin, end) of `order` in steps of `ranks` * b
+// samples. Adds each step's loss times its ranks (the loop sums per-rank batch losses) and
+// its ranks.
+void reference_steps(ElasticSetup& s, const std::vector<int64_t>& order, int64_t begin, int64_t end, int ranks,
+                     double* loss_sum, double* batches) {
+  const int64_t n = static_cast<int64_t>(order.size()), step = ranks * kElasticBatch;
+  for (int64_t pos = begin; pos < end; pos += step) {
+    std::vector<int64_t> rows;
+    for (int64_t p = pos; p < std::min(end, pos + step); ++p) rows.push_back(order[p % n]);
+    data::Batch batch = s.dataset->get_batch(rows);
+    s.optimizer->zero_grad();
+    Tensor loss = cross_entropy(s.model->forward(batch.data.to(device())), batch.target.to(device()));
+    loss.backward();
+    s.optimizer->step();
+    *loss_sum += ranks * loss.item<double>();
+    *batches += ranks;
+  }
+}
+
+// Positions a job of `ranks` trains from `start` to the epoch's end: the remainder rounded up
+// to a multiple of the ranks (DistributedSampler's padding).
+int64_t padded_end(int64_t start, int ranks) {
+  return start + (kElasticSamples - start + ranks - 1) / ranks * ranks;
+}
+
+struct StopAtFirstCheckpoint : train::Callback {
+  void on_checkpoint(train::TrainLoop& loop) override { loop.request_stop(); }
+};
+
+}  // namespace
+
+//   ddp_worker elastic stop OPTIMIZER CHECKPOINT
+//   ddp_worker elastic resume OPTIMIZER CHECKPOINT RANKS_BEFORE
+int scenario_elastic(const std::string& phase, const std::string& optimizer, const std::string& checkpoint,
+                     int ranks_before) {
+  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
+  const int world = get_world_size(), world_before = phase == "stop" ? world : ranks_before;
+  ElasticSetup s = elastic_setup(optimizer);
+  data::DataLoaderOptions loader;
+  loader.batch_size = kElasticBatch;
+  loader.shuffle = true;
+  loader.seed = kElasticSeed;
+  train::DistributedStrategyOptions strategy;
+  strategy.device = device();
+  strategy.ddp.bucket_cap_mb = 0.02;
+  strategy.ddp.first_bucket_mb = 0.005;
+  train::TrainLoopOptions options;
+  options.strategy = std::make_shared<train::DistributedStrategy>(strategy);
+  options.checkpoint_path = checkpoint;
+  options.checkpoint_every = kElasticEvery;
+  options.progress = false;
+  std::ostringstream log;
+  options.log = &log;
+  train::TrainLoop loop(s.model, std::make_shared<data::DataLoader>(s.dataset, loader), nullptr, nullptr, s.optimizer,
+                        [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, options);
+  const int64_t stopped_at = kElasticEvery * kElasticBatch * world_before;
+  if (phase == "stop") {
+    loop.add_callback(std::make_shared<StopAtFirstCheckpoint>());
+    loop.fit(2);
+    if (loop.epoch() != 0 || loop.epoch_samples() != stopped_at)
+      fail("stopped after epoch " + std::to_string(loop.epoch()) + " + " + std::to_string(loop.epoch_samples()) +
+           " samples, not 0 + " + std::to_string(stopped_at));
+    destroy_process_group();
+    return failures == 0 ? 0 : 1;
+  }
+  loop.resume(checkpoint);
+  if (loop.epoch_samples() != stopped_at)
+    fail("the checkpoint is " + std::to_string(loop.epoch_samples()) + " samples into the epoch");
+  const auto results = loop.fit(2);
+
+  // The reference, and one that wrongly assumes the world size never changed: the DDP job
+  // must match the first and not the second, or the test could not tell them apart.
+  auto order = [](int epoch) {
+    Generator gen(kElasticSeed + epoch);
+    return randperm(kElasticSamples, DType::Int64, &gen).to_vector<int64_t>();
+  };
+  std::vector<double> loss_means;
+  ElasticSetup ref = elastic_setup(optimizer), unchanged = elastic_setup(optimizer);
+  double ignored_sum = 0, ignored_batches = 0;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    double loss_sum = 0, batches = 0;
+    const int64_t start = epoch == 0 ? stopped_at : 0;
+    if (epoch == 0) reference_steps(ref, order(0), 0, stopped_at, world_before, &loss_sum, &batches);
+    reference_steps(ref, order(epoch), start, padded_end(start, world), world, &loss_sum, &batches);
+    loss_means.push_back(loss_sum / batches);
+    reference_steps(unchanged, order(epoch), 0, padded_end(0, world_before), world_before, &ignored_sum,
+                    &ignored_batches);
+  }
+  std::string where;
+  const std::string what = optimizer + ", " + std::to_string(world_before) + " -> " + std::to_string(world) + " ranks";
+  if (!close(s.model->parameters(), ref.model->parameters(), 1e-9, &where))
+    fail(what + ": the resumed job differs from one process taking the same positions: " + where);
+  if (close(s.model->parameters(), unchanged.model->parameters(), 1e-6, &where))
+    fail(what + ": the job also equals training without the change of world size: the test cannot tell");
+  if (results.size() != 2) fail(what + ": fit completed " + std::to_string(results.size()) + " epochs, not 2");
+  for (size_t e = 0; e < results.size() && e < loss_means.size(); ++e)
+    if (!(std::fabs(results[e].train_loss - loss_means[e]) <= 1e-9 * std::fabs(loss_means[e])))
+      fail(what + ": epoch " + std::to_string(e + 1) + "'s mean loss is " + std::to_string(results[e].train_loss) +
+           ", the reference's " + std::to_string(loss_means[e]));
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace weft::ddp_worker
