@@ -2,7 +2,7 @@
 // hides behind backward.
 //
 //   build/bench/ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N]
-//                            [--ranks 1,2,4] [--bucket-mb MB] [--json FILE]
+//                            [--ranks 1,2,4] [--bucket-mb MB] [--sync-bn] [--json FILE]
 //
 // For each world size it starts that many ranks (this executable again, as local CPU
 // processes with weft-run's variables, Gloo over loopback; under a launcher it is one rank
@@ -14,7 +14,10 @@
 // lane) the share that fell while backward was still computing (inside its span on the
 // compute lane, before the reducer's final "wait for buckets") is hidden.
 // bench/reference/ddp_overhead.py runs PyTorch's DDP (Gloo, CPU) on the same models in the
-// same way, and its figures are printed beside weft's.
+// same way, and its figures are printed beside weft's. --sync-bn converts the models'
+// BatchNorm2d layers (ResNet's) to parallel::SyncBatchNorm first, for what synchronised
+// statistics cost; PyTorch 1.13's SyncBatchNorm takes CUDA tensors only, so there is no
+// reference for it on CPU ranks.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -46,12 +49,18 @@ struct Config {
   // Both models are smaller than one default bucket (25 MB; the first 1 MB), which would
   // leave nothing to overlap: buckets of 32 KB give ConvNet 4 and ResNet 10.
   double bucket_mb = 1.0 / 32;
+  bool sync_bn = false;
 };
 
 std::shared_ptr<nn::Module> make_model(const std::string& name) {
   Generator gen(7);
   if (name == "convnet") return std::make_shared<nn::ConvNet>(10, &gen);
   return std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &gen);
+}
+
+std::shared_ptr<nn::Module> make_model(const std::string& name, bool sync_bn) {
+  auto model = make_model(name);
+  return sync_bn ? parallel::SyncBatchNorm::convert(model) : model;
 }
 
 double median(std::vector<double> v) {
@@ -126,7 +135,7 @@ int run_rank(const Config& c) {
   for (const std::string& name : names) {
     Generator data(100 + rank);
     Tensor x = randn({c.batch, 1, 28, 28}, DType::Float32, &data), y = randint(0, 10, {c.batch}, DType::Int64, &data);
-    auto model = make_model(name);
+    auto model = make_model(name, c.sync_bn);
     parallel::DDPOptions options;
     options.bucket_cap_mb = options.first_bucket_mb = c.bucket_mb;
     parallel::DistributedDataParallel ddp(model, nullptr, options);
@@ -224,13 +233,14 @@ int main(int argc, char** argv) {
     else if (a == "--ranks") c.ranks = next();
     else if (a == "--json") c.json = next();
     else if (a == "--bucket-mb") c.bucket_mb = std::stod(next());
+    else if (a == "--sync-bn") c.sync_bn = true;
     else if (a == "--help" || a == "-h") {
       std::cout << "usage: ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N] [--ranks 1,2,4] "
-                   "[--bucket-mb MB] [--json FILE]\n";
+                   "[--bucket-mb MB] [--sync-bn] [--json FILE]\n";
       return 0;
     } else {
       std::cerr << "ddp_overhead: unknown argument " << a
-                << " (expected --model, --batch, --steps, --ranks, --bucket-mb, --json)\n";
+                << " (expected --model, --batch, --steps, --ranks, --bucket-mb, --sync-bn, --json)\n";
       return 2;
     }
   }
@@ -241,7 +251,8 @@ int main(int argc, char** argv) {
   try {
     if (parallel::launched_as_rank()) return run_rank(c);
     std::cout << "# ddp_overhead: DDP (Gloo, CPU ranks as processes on this machine), batch " << c.batch
-              << " per rank, buckets of " << c.bucket_mb << " MB, median of " << c.steps << " steps; " << num_threads()
+              << " per rank, buckets of " << c.bucket_mb << " MB" << (c.sync_bn ? ", SyncBatchNorm" : "")
+              << ", median of " << c.steps << " steps; " << num_threads()
               << " CPU threads shared by the ranks\n"
               << "# model    ranks   ddp step   plain step    ratio    hidden\n"
               << "#                     (ms)        (ms)              (all-reduce inside backward)" << std::endl;
@@ -249,6 +260,11 @@ int main(int argc, char** argv) {
     std::stringstream list(c.ranks);
     std::string item;
     while (std::getline(list, item, ',')) failed |= launch(argv[0], argv, std::stoi(item));
+    if (c.sync_bn) {
+      std::cout << "# PyTorch reference not run with --sync-bn (PyTorch 1.13's SyncBatchNorm takes CUDA tensors "
+                   "only)\n";
+      return failed;
+    }
     auto torch = bench::run_reference("ddp_overhead.py", "--model " + c.models + " --batch " + std::to_string(c.batch) +
                                                              " --steps " + std::to_string(c.steps) + " --ranks " +
                                                              c.ranks + " --threads " + std::to_string(num_threads()) +

@@ -1,6 +1,9 @@
 // SyncBatchNorm: the statistics of Note [Synchronised statistics] as differentiable ops
-// around two all-reduces, each recorded as a graph node whose backward all-reduces too.
+// around one all-reduce, recorded as a graph node whose backward all-reduces too.
 #include "parallel/sync_batch_norm.h"
+
+#include <algorithm>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -65,17 +68,34 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
   const Shape per_channel{1, channels, 1, 1};
   const TensorOptions options(input.dtype(), input.device());
 
-  // 1. The job's mean: every rank's channel sums and its count of values per channel.
+  // This rank's count, channel sums and squared deviations from its own channel means (0
+  // for a rank without samples), as row `rank` of an otherwise zero [ranks, 1 + 2C] table:
+  // summed over the ranks, it holds every rank's row.
+  const int64_t width = 1 + 2 * channels;
   const double local_count = static_cast<double>(input.numel() / channels);
-  Tensor sums = all_reduce_sum(cat({sum(input, kStatDims), full({1}, local_count, options)}), group);
-  const double count = sums.narrow(0, channels, 1).item();
-  WEFT_CHECK(count > 1, "SyncBatchNorm: expected more than 1 value per channel when training, got ", count,
-             " over the ", group->size(), " ranks (this rank's input has shape ", input.shape(), ")");
-  Tensor mean = div(sums.narrow(0, 0, channels), count);
+  Tensor local_sum = sum(input, kStatDims);
+  Tensor local_centered = sub(input, div(local_sum, std::max(local_count, 1.0)).view(per_channel));
+  Tensor row = cat({full({1}, local_count, options), local_sum, sum(mul(local_centered, local_centered), kStatDims)});
+  std::vector<Tensor> rows;
+  if (group->rank() > 0) rows.push_back(zeros({group->rank(), width}, options));
+  rows.push_back(row.view({1, width}));
+  if (group->rank() + 1 < group->size()) rows.push_back(zeros({group->size() - group->rank() - 1, width}, options));
+  Tensor table = all_reduce_sum(cat(rows, 0), group);
+  Tensor counts = table.narrow(1, 0, 1).detach(), sums = table.narrow(1, 1, channels);
+  Tensor squares = table.narrow(1, 1 + channels, channels);
+  Tensor total = sum(counts);  // N, on the device: read back only when it could be 1
+  if (local_count <= 1) {
+    const double count = total.item();
+    WEFT_CHECK(count > 1, "SyncBatchNorm: expected more than 1 value per channel when training, got ", count,
+               " over the ", group->size(), " ranks (this rank's input has shape ", input.shape(), ")");
+  }
 
-  // 2. The job's (biased) variance, from the deviations from that mean.
+  // The job's mean, and its variance by Chan et al.'s combination of the ranks' parts:
+  // M2 = sum_r (M2_r + n_r (mean_r - mean)^2), stable where E[x^2] - E[x]^2 would cancel.
+  Tensor mean = div(sum(sums, {0}), total);
+  Tensor deviation = sub(div(sums, clamp(counts, 1.0, std::nullopt)), mean.view({1, channels}));
+  Tensor var = div(add(sum(squares, {0}), sum(mul(counts, mul(deviation, deviation)), {0})), total);
   Tensor centered = sub(input, mean.view(per_channel));
-  Tensor var = div(all_reduce_sum(sum(mul(centered, centered), kStatDims), group), count);
 
   Tensor out = mul(centered, pow(add(var, eps()), -0.5).view(per_channel));
   if (affine()) out = add(mul(out, param("weight").view(per_channel)), param("bias").view(per_channel));
@@ -86,7 +106,7 @@ Tensor SyncBatchNorm::forward(const Tensor& input) {
     mul_(running_mean, 1.0 - factor);
     add_(running_mean, mul(mean.detach(), factor));
     mul_(running_var, 1.0 - factor);
-    add_(running_var, mul(var.detach(), factor * count / (count - 1)));
+    add_(running_var, mul(var.detach(), mul(div(total, sub(total, 1.0)), factor)));
   }
   return out;
 }

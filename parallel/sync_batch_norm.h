@@ -13,19 +13,22 @@
 //   parallel::DistributedDataParallel ddp(model);
 //
 // Note [Synchronised statistics]: in training mode, with a group of more than one rank,
-// forward runs two all-reduces over the group (sums, in the input's dtype):
-//   1. every channel's sum of x, with this rank's count of values per channel appended:
-//      mean = sum / count, over the job;
-//   2. every channel's sum of (x - mean)^2: var = sum / count (biased, for normalising);
-// then y = (x - mean) / sqrt(var + eps) * weight + bias, and the running statistics are
-// updated as BatchNorm2d's (with the unbiased var * count / (count - 1)). The two passes
-// keep float32 statistics as exact as the single-device kernel's (E[x^2] - E[x]^2 in one
-// collective would cancel). Each all-reduce is a node of the graph whose backward
-// all-reduces the incoming gradient: the sum over the ranks' losses' gradients with
-// respect to the shared statistic, which is what one process on the whole batch computes.
-// DDP then divides every parameter's gradient by the world size, as for any layer. The
-// forward reads the job's count back to the host once (to refuse a single value per
-// channel, as PyTorch does): one synchronisation per layer.
+// forward runs one all-reduce over the group. Each rank computes, on its own samples, its
+// count n_r of values per channel, each channel's sum and its sum of squared deviations from
+// the rank's own channel mean (M2_r, two passes, so float32 keeps the single-device kernel's
+// precision); it writes them as its row of a zero [ranks, 1 + 2C] table, and the all-reduce
+// (sum) of the tables gives every rank all the rows: an all-gather. From them, on every
+// rank: mean = sum / N, and var = (sum_r M2_r + n_r (mean_r - mean)^2) / N (biased, for
+// normalising; Chan et al.'s combination, which does not cancel as E[x^2] - E[x]^2 would).
+// Then y = (x - mean) / sqrt(var + eps) * weight + bias, and the running statistics are
+// updated as BatchNorm2d's (with the unbiased var * N / (N - 1)). The all-reduce is a node
+// of the graph whose backward all-reduces the incoming gradient: the sum over the ranks'
+// losses' gradients with respect to the shared table, which is what one process on the
+// whole batch computes. DDP then divides every parameter's gradient by the world size, as
+// for any layer. One collective forward and one backward per layer, as PyTorch's. The
+// statistics stay on the device: N is read back to the host (to refuse a single value per
+// channel) only on a rank with at most one value per channel of its own, the only case
+// where the job's N can be 1 (PyTorch reads its count back at every forward).
 //
 // Ranks may hold different numbers of samples, none included. Every rank must run the same
 // SyncBatchNorm layers in the same order, forward and backward (as DDP's collectives
@@ -36,8 +39,7 @@
 // Where weft differs from PyTorch: like weft's BatchNorm2d it takes 4-d inputs (PyTorch's
 // converts BatchNorm1d and 3d too); CPU tensors are synchronised too (through Gloo), so DDP
 // jobs of CPU ranks can use it; the composite form above runs a few more elementwise passes
-// than PyTorch's fused CUDA kernels, and two all-reduces forward and two backward where
-// PyTorch all-gathers once forward and all-reduces once backward.
+// than PyTorch's fused CUDA kernels.
 #pragma once
 
 #include <cstdint>

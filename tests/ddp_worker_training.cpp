@@ -46,7 +46,8 @@ int scenario_sync_bn(const std::string& optimizer) {
 
 // One SyncBatchNorm with a different number of samples on each rank (none on one of them):
 // outputs, input and parameter gradients and running statistics equal one BatchNorm2d's on
-// all the samples, twice in training mode, then in evaluation mode.
+// all the samples, twice in training mode, then in evaluation mode; float32 far from 0; a
+// job with a single value per channel refused on every rank.
 int scenario_sync_bn_uneven() {
   init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
   const int rank = get_rank(), world = get_world_size();
@@ -97,6 +98,30 @@ int scenario_sync_bn_uneven() {
     if (!close(sync->buffers(), reference->buffers(), 1e-12, &where)) fail(what + "running statistics " + where);
     sync->zero_grad();
     reference->zero_grad();
+  }
+  // float32 values far from 0 (mean 1000, spread 1): the statistics must not cancel (as
+  // E[x^2] - E[x]^2 would: float32's spacing at 1e6 is 0.06); BatchNorm2d's kernel is the
+  // reference, within 8 spacings of the inputs (6.1e-5 at 1000).
+  const TensorOptions f32(DType::Float32, device());
+  auto reference32 = std::make_shared<nn::BatchNorm2d>(4, 1e-5, 0.1, true, true, f32);
+  std::shared_ptr<nn::Module> sync32 = SyncBatchNorm::convert(reference32->clone());
+  Generator gen(50);
+  Tensor x32 = add(randn({total, 4, 3, 5}, f32, &gen), 1000.0);
+  Tensor expected32 = reference32->forward(x32).narrow(0, offset, sizes[rank]);
+  Tensor out32 = sync32->forward(x32.narrow(0, offset, sizes[rank]).contiguous());
+  double worst = 0;
+  auto got = out32.to_vector<float>(), want = expected32.to_vector<float>();
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - double(want[i])));
+  std::cout << "float32, mean 1000: largest difference from BatchNorm2d " << worst << std::endl;
+  if (!(worst <= 5e-4)) fail("float32 with mean 1000: outputs differ from BatchNorm2d's by " + std::to_string(worst));
+  // One value per channel in the whole job (on rank 0): every rank refuses it.
+  try {
+    sync32->forward(zeros({rank == 0 ? 1 : 0, 4, 1, 1}, f32));
+    fail("one value per channel over the job was accepted");
+  } catch (const Error& e) {
+    const std::string expected = "expected more than 1 value per channel when training, got 1 over the " +
+                                 std::to_string(world) + " ranks";
+    if (std::string(e.what()).find(expected) == std::string::npos) fail("unexpected error: " + std::string(e.what()));
   }
   destroy_process_group();
   return failures == 0 ? 0 : 1;

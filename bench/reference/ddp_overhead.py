@@ -53,6 +53,10 @@ def rank_main(rank, world, port, args, out_path):
         y = torch.randint(0, 10, (args.batch,))
         if world == 1:
             results[f"{name}_1ranks_plain_step_ms"] = median_step(make(), x, y, args.steps)
+        # PyTorch's first bucket takes its cap from this module constant (1 MiB), not from
+        # bucket_cap_mb (its own tests set it the same way); weft's benchmark caps every
+        # bucket, the first included, at --bucket-mb, so both split the gradients alike.
+        dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.bucket_mb * 2**20)
         ddp = torch.nn.parallel.DistributedDataParallel(make(), bucket_cap_mb=args.bucket_mb)
         step = torch.tensor([median_step(ddp, x, y, args.steps)])
         dist.all_reduce(step, op=dist.ReduceOp.MAX)
