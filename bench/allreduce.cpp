@@ -20,11 +20,6 @@
 // rank's link, whatever n is, so busbw is the bandwidth each link sustained, comparable
 // across world sizes and with the hardware's figure (on CPU ranks: TCP over loopback,
 // which is a memory copy through the kernel; on GPUs: NVLink or PCIe).
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -40,6 +35,7 @@
 #include <weft.h>
 
 #include "bench_util.h"
+#include "local_ranks.h"
 #include "nccl_direct.h"
 #include "parallel/distributed.h"
 #include "parallel/launch_env.h"
@@ -188,59 +184,6 @@ int run_rank(const Config& c) {
   return total_wrong == 0 ? 0 : 1;
 }
 
-// A port on 127.0.0.1 that was free a moment ago.
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-    throw std::runtime_error("no free port on 127.0.0.1");
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// Starts world ranks of this executable (with weft-run's variables) and waits for them.
-int launch(const char* self, char** argv, int world, bool cuda) {
-  const std::string port = std::to_string(free_port());
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", port.c_str(), 1);
-      if (cuda && world > cuda_physical_device_count()) {
-        // Ranks share GPUs: NCCL needs a host id per rank and its socket transport (as weft-run sets).
-        ::setenv("NCCL_HOSTID", ("allreduce-rank" + std::to_string(r)).c_str(), 1);
-        for (const char* kv : {"NCCL_SOCKET_IFNAME=lo", "NCCL_NET=Socket", "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"}) {
-          const std::string text = kv;
-          const auto eq = text.find('=');
-          ::setenv(text.substr(0, eq).c_str(), text.substr(eq + 1).c_str(), 0);
-        }
-      }
-      if (!std::getenv("OMP_NUM_THREADS"))
-        ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1, num_threads() / world)).c_str(), 1);
-      ::execv(self, argv);
-      std::perror("allreduce: exec");
-      std::_Exit(127);
-    }
-    pids.push_back(pid);
-  }
-  int failed = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
-  }
-  return failed;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -294,7 +237,7 @@ int main(int argc, char** argv) {
     int failed = 0;
     std::stringstream list(c.ranks);
     std::string item;
-    while (std::getline(list, item, ',')) failed |= launch(argv[0], argv, std::stoi(item), c.cuda);
+    while (std::getline(list, item, ',')) failed |= bench::run_as_local_ranks(argv[0], argv, std::stoi(item), c.cuda);
     return failed;
   } catch (const std::exception& e) {
     std::cerr << "allreduce: " << e.what() << "\n";

@@ -18,11 +18,6 @@
 // BatchNorm2d layers (ResNet's) to parallel::SyncBatchNorm first, for what synchronised
 // statistics cost; PyTorch 1.13's SyncBatchNorm takes CUDA tensors only, so there is no
 // reference for it on CPU ranks.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -36,6 +31,7 @@
 #include <weft.h>
 
 #include "bench_util.h"
+#include "local_ranks.h"
 
 using namespace weft;
 using Clock = std::chrono::steady_clock;
@@ -174,46 +170,6 @@ int run_rank(const Config& c) {
   return 0;
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-    throw std::runtime_error("no free port on 127.0.0.1");
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// This executable again as `world` ranks; waits for them.
-int launch(const char* self, char** argv, int world) {
-  const std::string port = std::to_string(free_port());
-  const int threads = std::max(1, num_threads() / world);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", port.c_str(), 1);
-      ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
-      ::execv(self, argv);
-      std::_Exit(127);
-    }
-    pids.push_back(pid);
-  }
-  int failed = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-  }
-  return failed;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -259,7 +215,7 @@ int main(int argc, char** argv) {
     int failed = 0;
     std::stringstream list(c.ranks);
     std::string item;
-    while (std::getline(list, item, ',')) failed |= launch(argv[0], argv, std::stoi(item));
+    while (std::getline(list, item, ',')) failed |= bench::run_as_local_ranks(argv[0], argv, std::stoi(item));
     if (c.sync_bn) {
       std::cout << "# PyTorch reference not run with --sync-bn (PyTorch 1.13's SyncBatchNorm takes CUDA tensors "
                    "only)\n";

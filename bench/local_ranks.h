@@ -1,0 +1,80 @@
+// Starting a multi-process benchmark on one machine: the executable runs itself again as
+// `world` ranks with weft-run's variables (bench/allreduce, bench/ddp_overhead), so a
+// benchmark needs no launcher, and under one (weft-run, torchrun, srun) it is simply a rank.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "kernels/cpu/threads.h"
+
+namespace weft::bench {
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    throw std::runtime_error("no free port on 127.0.0.1");
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Runs `self` with `argv` as `world` local ranks (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR = 127.0.0.1, a free MASTER_PORT) and waits for them; returns
+// 1 when one failed. The CPU threads are shared: each rank gets OMP_NUM_THREADS = this
+// process's threads / world (at least 1), so that the ranks together do not oversubscribe the
+// cores. With `share_gpus` and more ranks than GPUs, each rank also gets its own NCCL_HOSTID
+// and NCCL's socket transport over loopback, as weft-run sets (DESIGN.md, pitfalls).
+inline int run_as_local_ranks(const char* self, char** argv, int world, bool share_gpus = false) {
+  const std::string port = std::to_string(free_port());
+  const std::string threads = std::to_string(std::max(1, num_threads() / world));
+  const bool nccl_sockets = share_gpus && world > cuda_physical_device_count();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      ::setenv("OMP_NUM_THREADS", threads.c_str(), 1);
+      if (nccl_sockets) {
+        ::setenv("NCCL_HOSTID", ("bench-rank" + std::to_string(r)).c_str(), 1);
+        ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+        ::setenv("NCCL_NET", "Socket", 0);
+        ::setenv("NCCL_P2P_DISABLE", "1", 0);
+        ::setenv("NCCL_SHM_DISABLE", "1", 0);
+      }
+      ::execv(self, argv);
+      std::perror("bench: exec");
+      std::_Exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+  }
+  return failed;
+}
+
+}  // namespace weft::bench
