@@ -20,15 +20,17 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/device.h"
+#include "parallel/launch_env.h"
 #include "elastic_agent.h"
 #include "worker_env.h"
 #include "worker_group.h"
@@ -57,8 +59,9 @@ struct Config {
 std::optional<std::string> parse_nnodes(Config& c) {
   const std::string& t = c.nnodes_text;
   auto number = [](const std::string& text, int& out) {
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
-    return ec == std::errc() && end == text.data() + text.size() && out >= 1;
+    const std::optional<int> value = weft::parallel::parse_int_in(text, 1, std::numeric_limits<int>::max());
+    if (value) out = *value;
+    return value.has_value();
   };
   const size_t colon = t.find(':');
   int lo = 0, hi = 0;
@@ -108,15 +111,9 @@ std::optional<std::string> parse_rdzv_conf(Config& c) {
 
 // "HOST:PORT" into rdzv_host and rdzv_port.
 std::optional<std::string> parse_endpoint(Config& c) {
-  const size_t colon = c.rdzv_endpoint.rfind(':');
-  int port = 0;
-  const std::string digits = colon == std::string::npos ? "" : c.rdzv_endpoint.substr(colon + 1);
-  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
-  if (colon == 0 || colon == std::string::npos || ec != std::errc() || end != digits.data() + digits.size() ||
-      port < 1 || port > 65535)
-    return "--rdzv-endpoint '" + c.rdzv_endpoint + "' is not HOST:PORT with a port from 1 to 65535";
-  c.rdzv_host = c.rdzv_endpoint.substr(0, colon);
-  c.rdzv_port = port;
+  const auto endpoint = weft::parallel::split_host_port(c.rdzv_endpoint);
+  if (!endpoint) return "--rdzv-endpoint '" + c.rdzv_endpoint + "' is not HOST:PORT with a port from 1 to 65535";
+  std::tie(c.rdzv_host, c.rdzv_port) = *endpoint;
   return std::nullopt;
 }
 

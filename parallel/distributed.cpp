@@ -3,7 +3,6 @@
 
 #include <unistd.h>
 
-#include <charconv>
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
@@ -75,15 +74,10 @@ void rendezvous(Store& store, int rank, int size, std::chrono::milliseconds time
 }
 
 std::pair<std::string, int> parse_host_port(const std::string& text, const std::string& method) {
-  const size_t colon = text.rfind(':');
-  WEFT_CHECK(colon != std::string::npos && colon > 0, "init_process_group: init_method '", method,
-             "' should be tcp://HOST:PORT");
-  int port = 0;
-  const std::string digits = text.substr(colon + 1);
-  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
-  WEFT_CHECK(ec == std::errc() && end == digits.data() + digits.size() && port > 0 && port < 65536,
-             "init_process_group: init_method '", method, "': '", digits, "' is not a port");
-  return {text.substr(0, colon), port};
+  const std::optional<std::pair<std::string, int>> endpoint = split_host_port(text);
+  WEFT_CHECK(endpoint.has_value(), "init_process_group: init_method '", method,
+             "' should be tcp://HOST:PORT with a port from 1 to 65535");
+  return *endpoint;
 }
 
 }  // namespace

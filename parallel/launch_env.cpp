@@ -19,11 +19,9 @@ std::optional<std::string> env(const char* name) {
 }
 
 int parse_int(const std::string& text, const char* name, int min, int max) {
-  int value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  WEFT_CHECK(ec == std::errc() && end == text.data() + text.size() && value >= min && value <= max, "launch: ", name,
-             "='", text, "' is not an integer in [", min, ", ", max, "]");
-  return value;
+  const std::optional<int> value = parse_int_in(text, min, max);
+  WEFT_CHECK(value.has_value(), "launch: ", name, "='", text, "' is not an integer in [", min, ", ", max, "]");
+  return *value;
 }
 
 int int_var(const char* name, int min, int max) {
@@ -120,6 +118,21 @@ LaunchEnv read_launch_env() {
   e.restart_count = int_var_or("WEFT_RESTART_COUNT", 0, 0, kMaxRanks);
   e.agent_store_prefix = env("WEFT_AGENT_STORE_PREFIX").value_or("");
   return e;
+}
+
+std::optional<int> parse_int_in(std::string_view text, int min, int max) {
+  int value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < min || value > max) return std::nullopt;
+  return value;
+}
+
+std::optional<std::pair<std::string, int>> split_host_port(std::string_view text) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
+  const std::optional<int> port = parse_int_in(text.substr(colon + 1), 1, 65535);
+  if (!port) return std::nullopt;
+  return std::make_pair(std::string(text.substr(0, colon)), *port);
 }
 
 }  // namespace weft::parallel

@@ -12,7 +12,10 @@
 // mpirun. A missing or malformed variable is an error that names it.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 
 namespace weft::parallel {
 
@@ -39,5 +42,13 @@ bool launched_as_rank();
 LaunchEnv read_launch_env();
 // The first host of a Slurm node list: "node[01-04,07],gpu1" -> "node01".
 std::string first_slurm_host(const std::string& nodelist);
+
+// The whole of `text` as an integer in [min, max]; nullopt for anything else (a sign '+',
+// spaces, trailing characters, out of range). What every launcher variable and endpoint
+// port is read with.
+std::optional<int> parse_int_in(std::string_view text, int min, int max);
+// "HOST:PORT", split at the last ':', with a non-empty host and a port from 1 to 65535;
+// nullopt otherwise.
+std::optional<std::pair<std::string, int>> split_host_port(std::string_view text);
 
 }  // namespace weft::parallel

@@ -9,11 +9,10 @@ dir=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT
-# A free port, found by binding port 0. Another test's connection may take it between our
-# probe and rank 0's listen: the runs below start again on a new port when rank 0 says the
-# address is in use (at most three tries).
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' \
-                2>/dev/null || echo $((20000 + RANDOM % 20000)); }
+# A free port below the ephemeral range (tests/free_port.py). Another test may still take it
+# between our probe and rank 0's listen: the runs below start again on a new port when rank 0
+# says the address is in use (at most three tries).
+free_port() { python3 "$(dirname "$0")/free_port.py" 2>/dev/null || echo $((20000 + RANDOM % 12000)); }
 port_taken() { grep -q "Address already in use" "$@" 2>/dev/null; }
 
 by_hand() {  # three ranks started by hand on one port; fails when any rank fails

@@ -45,14 +45,14 @@ TEST_CASE("the ring all-reduce equals Gloo's at world sizes 2, 3 and 4; WEFT_ALL
 
 TEST_CASE("env:// reads torchrun's, Slurm's and Open MPI's variables") {
   if (skip_without_gloo()) return;
-  const int port = test::free_port();
+  const int slurm_port = test::free_port(), ompi_port = test::free_port();
   std::vector<std::map<std::string, std::string>> slurm, ompi;
   for (int r = 0; r < 2; ++r) {
     slurm.push_back({{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", std::to_string(r)},
-                     {"SLURM_JOB_NODELIST", "localhost"}, {"MASTER_PORT", std::to_string(port)}});
+                     {"SLURM_JOB_NODELIST", "localhost"}, {"MASTER_PORT", std::to_string(slurm_port)}});
     ompi.push_back({{"OMPI_COMM_WORLD_RANK", std::to_string(r)}, {"OMPI_COMM_WORLD_SIZE", "2"},
                     {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(r)}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-                    {"MASTER_PORT", std::to_string(port + 1 < 65536 ? port + 1 : port - 1)}});
+                    {"MASTER_PORT", std::to_string(ompi_port)}});
   }
   // Named elements, not structured bindings: CAPTURE is a lambda, and Clang 14 cannot capture those.
   for (const auto& named_envs : {std::pair{"Slurm", slurm}, std::pair{"Open MPI", ompi}}) {
@@ -117,4 +117,16 @@ TEST_CASE("launch environment parsing") {
   CHECK(parallel::first_slurm_host("gpu-a,gpu-b") == "gpu-a");
   CHECK(parallel::first_slurm_host("n[3]x") == "n3x");
   CHECK(parallel::first_slurm_host("single") == "single");
+  CHECK(parallel::parse_int_in("29500", 1, 65535) == 29500);
+  for (const char* bad : {"", "+1", " 1", "1 ", "1x", "0", "65536", "-3", "99999999999"})
+    CHECK_MESSAGE(!parallel::parse_int_in(bad, 1, 65535), bad);
+  CHECK(parallel::split_host_port("node01:29500") == std::make_pair(std::string("node01"), 29500));
+  CHECK(parallel::split_host_port("::1:80") == std::make_pair(std::string("::1"), 80));  // split at the last ':'
+  for (const char* bad : {"node01", ":29500", "node01:", "node01:0", "node01:65536", "node01:80x"})
+    CHECK_MESSAGE(!parallel::split_host_port(bad), bad);
+  CHECK_THROWS_WITH_AS(parallel::init_process_group("gloo", {.init_method = "tcp://node01:http", .rank = 0,
+                                                             .world_size = 1}),
+                       doctest::Contains("init_method 'tcp://node01:http' should be tcp://HOST:PORT with a port from 1 "
+                                         "to 65535"),
+                       Error);
 }

@@ -33,8 +33,7 @@ fail() {
   for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f"; cat "$f"; }; done
   exit 1
 }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
-              echo $((20000 + RANDOM % 20000)); }
+free_port() { python3 "$(dirname "$0")/free_port.py" 2>/dev/null || echo $((20000 + RANDOM % 12000)); }
 no_leftovers() {
   for _ in $(seq 100); do pgrep -f "$tok_re|$dir" > /dev/null || return 0; sleep 0.05; done
   echo "processes left behind:"; pgrep -af "$tok_re|$dir" || true

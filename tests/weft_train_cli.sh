@@ -157,8 +157,7 @@ awk -v a="$single_accuracy" -v b="$dp_accuracy" 'BEGIN { d = a - b; if (d < 0) d
 
 # The ddp runs rendezvous on a free port, not weft-run's default 29500 (another job on this
 # machine may hold it).
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
-              echo $((20000 + RANDOM % 20000)); }
+free_port() { python3 "$(dirname "$0")/free_port.py" 2>/dev/null || echo $((20000 + RANDOM % 12000)); }
 # --mode ddp, self-started through weft-run: 2 ranks of 50 samples a batch reach the accuracy
 # of one process at batch 100; the metrics count the ranks. --sync-bn on a model without
 # BatchNorm changes nothing and says so.

@@ -1,13 +1,13 @@
 // The elastic worker's variables, its resume rule, and ElasticAdmission; see elastic.h.
 #include "train/elastic.h"
 
-#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <system_error>
 
 #include "core/error.h"
+#include "parallel/launch_env.h"
 #include "parallel/tcp_store.h"
 
 namespace weft::train {
@@ -23,11 +23,9 @@ std::string variable(const char* name) {
 
 int integer(const char* name, int min, int max = std::numeric_limits<int>::max()) {
   const std::string text = variable(name);
-  int value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  WEFT_CHECK(ec == std::errc() && end == text.data() + text.size() && value >= min && value <= max, "elastic run: ",
-             name, "='", text, "' is not an integer in [", min, ", ", max, "]");
-  return value;
+  const std::optional<int> value = parallel::parse_int_in(text, min, max);
+  WEFT_CHECK(value.has_value(), "elastic run: ", name, "='", text, "' is not an integer in [", min, ", ", max, "]");
+  return *value;
 }
 
 // How long rank 0 waits for the rendezvous store to answer at a checkpoint.
