@@ -306,6 +306,12 @@ int run(Config c) {
     std::cout << "weft-train: elastic run: no checkpoint at " << c.checkpoint << " yet, starting from the beginning"
               << std::endl;  // flushed: an elastic worker may well be killed before its buffer is
   if (!c.resume.empty()) continue_recorded_run(c, main_process);
+  // Started by weft-run's elastic agents: the workers end a round at a checkpoint when nodes
+  // wait to join (train/elastic.h), and exit 0 so that the next round admits them. Said
+  // before the data loads, so that a node arriving meanwhile waits for a checkpoint too.
+  std::shared_ptr<train::ElasticAdmission> admission;
+  if (const std::optional<train::ElasticEnv> env = train::read_elastic_env())
+    admission = std::make_shared<train::ElasticAdmission>(*env, parallel::read_launch_env().rank);
   // Every output path is checked before the work (the loop checks --checkpoint and --trace).
   if (!c.metrics_json.empty() && main_process) check_writable(c.metrics_json, "--metrics-json");
   manual_seed(c.seed);
@@ -391,13 +397,7 @@ int run(Config c) {
             << test_set->size() << " test), " << where << ", " << c.optimizer << " lr " << c.lr
             << (scheduler ? " (" + c.lr_schedule + " schedule)" : "") << ", batch " << c.batch_size << ", "
             << num_threads() << " CPU threads\n";
-  // Started by weft-run's elastic agents: the workers end a round at a checkpoint when nodes
-  // wait to join (train/elastic.h), and exit 0 so that the next round admits them.
-  std::shared_ptr<train::ElasticAdmission> admission;
-  if (const std::optional<train::ElasticEnv> env = train::read_elastic_env()) {
-    admission = std::make_shared<train::ElasticAdmission>(*env, loop.strategy().rank());
-    loop.add_callback(admission);
-  }
+  if (admission) loop.add_callback(admission);
   Metrics metrics;
   if (c.epochs <= loop.epoch()) {
     // --epochs counts in total: a checkpoint that has them all has nothing left to train.

@@ -22,7 +22,9 @@
 // wait (and the job is below its maximum), and, if so, ends the round there and tells the
 // other ranks (one all-reduce of the answer, so that every rank stops at the same step).
 // The loop stops right after the checkpoint; the workers exit 0; the agents see the
-// round's end, and the next round resumes from that checkpoint with the new nodes.
+// round's end, and the next round resumes from that checkpoint with the new nodes. Make it
+// early (weft-train does so before loading data): until the mark is set, a node that
+// arrives makes the agents stop the workers at once.
 #pragma once
 
 #include <cstdint>
