@@ -67,6 +67,13 @@ std::optional<std::string> ElasticJob::get_if_set(const std::string& key) {
   return to_text(store_->get(key));
 }
 
+std::optional<int> ElasticJob::closed_members(int64_t number) {
+  const std::string key = round_key(number, "closed");
+  const std::optional<std::string> closed = get_if_set(key);
+  if (!closed) return std::nullopt;
+  return static_cast<int>(parse_count(*closed, key));
+}
+
 void ElasticJob::advance_round(int64_t from) {
   store_->compare_set("round", to_bytes(std::to_string(from)), to_bytes(std::to_string(from + 1)));
 }
@@ -134,9 +141,7 @@ std::optional<RendezvousRound> ElasticRendezvous::next_round() {
       } else if (behind != number) {
         store_->add(round_key(number, "waiting"), 1);
         behind = number;
-        running = read_round(number, static_cast<int>(parse_count(*get_if_set(round_key(number, "closed")),
-                                                                  round_key(number, "closed"))),
-                             -1);
+        running = read_round(number, closed_members(number).value(), -1);
       } else if (running) {
         // Should every member die at once, nobody would be left to end the round: the
         // agents waiting behind it watch the members' heartbeats as the members do.
@@ -162,10 +167,9 @@ std::optional<RendezvousRound> ElasticRendezvous::join(int64_t number) {
     for (;;) {
       heartbeat();
       if (end_reason(number)) return std::nullopt;  // it starts over as the next round
-      if (auto closed = get_if_set(round_key(number, "closed"))) {
-        const int64_t members = parse_count(*closed, round_key(number, "closed"));
-        if (slot >= members) return std::nullopt;
-        return read_round(number, static_cast<int>(members), slot);
+      if (const std::optional<int> members = closed_members(number)) {
+        if (slot >= *members) return std::nullopt;
+        return read_round(number, *members, slot);
       }
       if (store_->check({"done"})) return std::nullopt;  // next_round() leaves
       const int64_t count = store_->add(round_key(number, "joined"), 0);
@@ -303,8 +307,8 @@ bool ElasticRendezvous::job_alive(int64_t& watched) {
     serving_round_.reset();
   }
   if (!serving_round_) {
-    if (auto closed = get_if_set(round_key(number, "closed")))
-      serving_round_ = read_round(number, static_cast<int>(parse_count(*closed, round_key(number, "closed"))), -1);
+    if (const std::optional<int> members = closed_members(number))
+      serving_round_ = read_round(number, *members, -1);
     // A round nobody closes in join_timeout plus its last call has nobody left to run it.
     else if (Clock::now() - watched_since_ > options_.join_timeout + options_.last_call_timeout)
       return false;

@@ -115,6 +115,8 @@ class ElasticJob {
 
  protected:
   std::optional<std::string> get_if_set(const std::string& key);
+  // The member count round `number` closed with; nullopt while it is open.
+  std::optional<int> closed_members(int64_t number);
   std::optional<std::string> end_entry(int64_t number);  // "F reason" or "M reason"
   void advance_round(int64_t from);
 

@@ -161,7 +161,8 @@ free_port() { python3 "$(dirname "$0")/free_port.py" 2>/dev/null || echo $((2000
 # --mode ddp, self-started through weft-run: 2 ranks of 50 samples a batch reach the accuracy
 # of one process at batch 100; the metrics count the ranks. --sync-bn on a model without
 # BatchNorm changes nothing and says so.
-"$train" "${data[@]}" --model mlp --epochs 1 --batch-size 50 --seed 1 --no-progress --mode ddp --nproc 2 --sync-bn \
+timeout 120 "$train" "${data[@]}" --model mlp --epochs 1 --batch-size 50 --seed 1 --no-progress --mode ddp \
+  --nproc 2 --sync-bn \
   --master-port "$(free_port)" --metrics-json "$dir/ddp.json" > "$dir/ddp.log" 2>&1 || { echo "FAIL: --mode ddp:"; cat "$dir/ddp.log"; exit 1; }
 grep -q "sync_batch_norm: the MLP model has no BatchNorm2d layer" "$dir/ddp.log" ||
   { echo "FAIL: --sync-bn without BatchNorm said nothing:"; cat "$dir/ddp.log"; exit 1; }
