@@ -58,6 +58,7 @@ struct Config {
   int epochs = 3, workers = 0, nproc = 0, nnodes = 1, node_rank = 0, master_port = 0;
   int microbatches = 4, virtual_stages = 0;  // 0: 2 with the interleaved schedule, else 1
   std::string schedule = "1f1b";
+  std::string comm_hook = "allreduce";
   std::string master_addr;
   int64_t batch_size = 100;
   double lr = 0.01, momentum = 0.9;
@@ -227,6 +228,8 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
              "--microbatches, --schedule and --virtual-stages are for --mode pipeline");
   WEFT_CHECK(!c.sync_bn || mode == train::ParallelMode::DistributedDataParallel,
              "--sync-bn is for --mode ddp (it synchronises BatchNorm across processes, one device each)");
+  WEFT_CHECK(!c.given.count("comm-hook") || mode == train::ParallelMode::DistributedDataParallel,
+             "--comm-hook is for --mode ddp (it is how DistributedDataParallel's buckets cross between processes)");
   switch (mode) {
     case train::ParallelMode::Single: return std::make_shared<train::SingleDevice>();
     case train::ParallelMode::DataParallel: return std::make_shared<train::DataParallelStrategy>(devices);
@@ -234,6 +237,7 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
       train::DistributedStrategyOptions options;
       options.device = devices[0];
       options.sync_batch_norm = c.sync_bn;
+      options.comm_hook = c.comm_hook;
       return std::make_shared<train::DistributedStrategy>(options);
     }
     case train::ParallelMode::Pipeline:
@@ -446,6 +450,10 @@ int main(int argc, char** argv) {
                  "--mode dp or pipeline: the devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (default: every GPU, else "
                  "cpu:0,cpu:1); pipeline: one stage per device");
   app.add_flag("--sync-bn", c.sync_bn, "--mode ddp: BatchNorm statistics over every rank's samples (SyncBatchNorm)");
+  app.add_option("--comm-hook", c.comm_hook,
+                 "--mode ddp: how gradient buckets are averaged: allreduce (default), or fp16 / bf16 (sent as 16-bit "
+                 "floats: half the bytes)")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16"}));
   app.add_option("--microbatches", c.microbatches, "--mode pipeline: micro-batches per batch (4)")
       ->check(flags::positive_integer());
   app.add_option("--schedule", c.schedule, "--mode pipeline: gpipe, 1f1b (default) or interleaved")

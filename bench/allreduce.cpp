@@ -4,7 +4,7 @@
 // ncclAllReduce called directly (bench/nccl_direct.h), in the same run.
 //
 //   build/bench/allreduce [--device cpu|cuda] [--ranks 2,4] [--min-bytes 8] [--max-bytes 256M]
-//                         [--iters N] [--type float32|float64] [--json FILE]
+//                         [--iters N] [--type float32|float64|float16|bfloat16] [--json FILE]
 //
 // Started by hand it starts its own ranks (this executable again, once per rank, with the
 // variables weft-run sets, and NCCL over loopback sockets when ranks outnumber GPUs) for
@@ -111,7 +111,14 @@ Result measure(ProcessGroup& group, ProcessGroup& reducer, int64_t count, DType 
   }
   fill_(t, mine);
   reducer.all_reduce(t)->wait();
-  return slowest(group, {us, sum(ne(t, n * (n + 1) / 2.0).to(DType::Int64)).item<int64_t>()}, device);
+  return slowest(group, {us, sum(ne(t.to(DType::Float64), n * (n + 1) / 2.0).to(DType::Int64)).item<int64_t>()},
+                 device);
+}
+
+DType parse_type(const std::string& name) {
+  for (DType d : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
+    if (dtype_name(d) == name) return d;
+  throw std::invalid_argument(name);
 }
 
 int run_rank(const Config& c) {
@@ -206,11 +213,11 @@ int main(int argc, char** argv) {
       else if (a == "--min-bytes") c.min_bytes = parse_bytes(next());
       else if (a == "--max-bytes") c.max_bytes = parse_bytes(next());
       else if (a == "--iters") c.iters = std::stoi(next());
-      else if (a == "--type") c.dtype = next() == "float64" ? DType::Float64 : DType::Float32;
+      else if (a == "--type") c.dtype = parse_type(next());
       else if (a == "--json") c.json = next();
       else if (a == "--help" || a == "-h") {
         std::cout << "usage: allreduce [--device cpu|cuda] [--ranks 2,4] [--min-bytes 8] [--max-bytes 256M] "
-                     "[--iters N] [--type float32|float64] [--json FILE]\n";
+                     "[--iters N] [--type float32|float64|float16|bfloat16] [--json FILE]\n";
         return 0;
       } else {
         std::cerr << "allreduce: unknown argument " << a
@@ -221,6 +228,11 @@ int main(int argc, char** argv) {
       std::cerr << "allreduce: bad value for " << a << "\n";
       return 2;
     }
+  }
+  if (c.cuda && is_half_precision(c.dtype)) {
+    std::cerr << "allreduce: --type " << c.dtype << " is for CPU ranks (on GPUs the direct NCCL comparison is float32 "
+              << "or float64)\n";
+    return 2;
   }
   if (c.cuda && !nccl_available()) {
     std::cout << "# allreduce: skipped: no GPU with NCCL (" << (cuda_available() ? "weft was built without NCCL"

@@ -2,7 +2,8 @@
 // hides behind backward.
 //
 //   build/bench/ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N]
-//                            [--ranks 1,2,4] [--bucket-mb MB] [--sync-bn] [--json FILE]
+//                            [--ranks 1,2,4] [--bucket-mb MB] [--sync-bn]
+//                            [--comm-hook allreduce|fp16|bf16] [--json FILE]
 //
 // For each world size it starts that many ranks (this executable again, as local CPU
 // processes with weft-run's variables, Gloo over loopback; under a launcher it is one rank
@@ -17,7 +18,9 @@
 // same way, and its figures are printed beside weft's. --sync-bn converts the models'
 // BatchNorm2d layers (ResNet's) to parallel::SyncBatchNorm first, for what synchronised
 // statistics cost; PyTorch 1.13's SyncBatchNorm takes CUDA tensors only, so there is no
-// reference for it on CPU ranks.
+// reference for it on CPU ranks. --comm-hook registers one of parallel/comm_hooks.h's hooks
+// on both sides (PyTorch's default_hooks; its Gloo has no bfloat16, so bf16 has no
+// reference).
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -46,6 +49,7 @@ struct Config {
   // leave nothing to overlap: buckets of 32 KB give ConvNet 4 and ResNet 10.
   double bucket_mb = 1.0 / 32;
   bool sync_bn = false;
+  std::string comm_hook = "allreduce";
 };
 
 std::shared_ptr<nn::Module> make_model(const std::string& name) {
@@ -135,6 +139,7 @@ int run_rank(const Config& c) {
     parallel::DDPOptions options;
     options.bucket_cap_mb = options.first_bucket_mb = c.bucket_mb;
     parallel::DistributedDataParallel ddp(model, nullptr, options);
+    if (c.comm_hook != "allreduce") ddp.register_comm_hook(parallel::comm_hook_named(c.comm_hook));
     optim::SGD sgd(model->parameters(), optim::SGDOptions{0.01, 0.9});
     double step = 0, plain = 0, hidden = 0;
     if (world == 1) {  // DDP's own cost: against the plain model, in turns
@@ -190,13 +195,14 @@ int main(int argc, char** argv) {
     else if (a == "--json") c.json = next();
     else if (a == "--bucket-mb") c.bucket_mb = std::stod(next());
     else if (a == "--sync-bn") c.sync_bn = true;
+    else if (a == "--comm-hook") c.comm_hook = next();
     else if (a == "--help" || a == "-h") {
       std::cout << "usage: ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N] [--ranks 1,2,4] "
-                   "[--bucket-mb MB] [--sync-bn] [--json FILE]\n";
+                   "[--bucket-mb MB] [--sync-bn] [--comm-hook allreduce|fp16|bf16] [--json FILE]\n";
       return 0;
     } else {
       std::cerr << "ddp_overhead: unknown argument " << a
-                << " (expected --model, --batch, --steps, --ranks, --bucket-mb, --sync-bn, --json)\n";
+                << " (expected --model, --batch, --steps, --ranks, --bucket-mb, --sync-bn, --comm-hook, --json)\n";
       return 2;
     }
   }
@@ -205,9 +211,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    parallel::comm_hook_named(c.comm_hook);  // an unknown name fails here, once
     if (parallel::launched_as_rank()) return run_rank(c);
     std::cout << "# ddp_overhead: DDP (Gloo, CPU ranks as processes on this machine), batch " << c.batch
               << " per rank, buckets of " << c.bucket_mb << " MB" << (c.sync_bn ? ", SyncBatchNorm" : "")
+              << (c.comm_hook != "allreduce" ? ", " + c.comm_hook + " compression hook" : "")
               << ", median of " << c.steps << " steps; " << num_threads()
               << " CPU threads shared by the ranks\n"
               << "# model    ranks   ddp step   plain step    ratio    hidden\n"
@@ -221,10 +229,15 @@ int main(int argc, char** argv) {
                    "only)\n";
       return failed;
     }
+    if (c.comm_hook == "bf16") {
+      std::cout << "# PyTorch reference not run with --comm-hook bf16 (PyTorch 1.13's Gloo has no bfloat16)\n";
+      return failed;
+    }
     auto torch = bench::run_reference("ddp_overhead.py", "--model " + c.models + " --batch " + std::to_string(c.batch) +
                                                              " --steps " + std::to_string(c.steps) + " --ranks " +
                                                              c.ranks + " --threads " + std::to_string(num_threads()) +
-                                                             " --bucket-mb " + std::to_string(c.bucket_mb));
+                                                             " --bucket-mb " + std::to_string(c.bucket_mb) +
+                                                             " --comm-hook " + c.comm_hook);
     if (torch.empty()) {
       std::cout << "# PyTorch reference not run (no python3 with torch; tools/install-deps --bench)\n";
     } else {

@@ -22,8 +22,9 @@ std::string_view dtype_name(DType dtype) {
 std::ostream& operator<<(std::ostream& out, DType dtype) { return out << dtype_name(dtype); }
 
 void check_supported(DType dtype, const char* op) {
-  WEFT_CHECK(!is_reserved(dtype), op, ": dtype ", dtype_name(dtype),
-             " is not supported yet (reserved for mixed precision)");
+  WEFT_CHECK(!is_half_precision(dtype), op, ": dtype ", dtype_name(dtype),
+             " cannot be computed with (weft stores and communicates 16-bit floats, but computes in float32 or "
+             "float64): convert with .to(DType::Float32) first");
 }
 
 }  // namespace weft

@@ -1,15 +1,18 @@
 // DType: the element types a tensor can hold, and the compile-time dispatch over them.
 //
-// bfloat16 and float16 are reserved for mixed precision: they exist in the enum so that
-// files and APIs can name them, but any op asked to compute with them fails clearly.
+// bfloat16 and float16 are for storage and communication (core/half.h): tensors of them
+// can be created, copied, converted, printed, saved and communicated, but an op asked to
+// compute with them fails clearly.
 #pragma once
 
 #include <cstdint>
 #include <iosfwd>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "core/error.h"
+#include "core/half.h"
 
 namespace weft {
 
@@ -32,10 +35,12 @@ constexpr int64_t element_size(DType dtype) {
   return 0;
 }
 
+// The dtypes that ops compute in.
 constexpr bool is_floating(DType d) { return d == DType::Float32 || d == DType::Float64; }
-constexpr bool is_reserved(DType d) { return d == DType::BFloat16 || d == DType::Float16; }
+// float16 and bfloat16: stored and communicated, never computed with.
+constexpr bool is_half_precision(DType d) { return d == DType::BFloat16 || d == DType::Float16; }
 
-// Throws "<op>: dtype bfloat16 is not supported yet" for the reserved types.
+// Throws "<op>: dtype bfloat16 cannot be computed with ..." for the half-precision types.
 void check_supported(DType dtype, const char* op);
 
 template <class T> struct DTypeOf;
@@ -45,12 +50,16 @@ template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::Int6
 template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::Int32; };
 template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::UInt8; };
 template <> struct DTypeOf<bool> { static constexpr DType value = DType::Bool; };
+template <> struct DTypeOf<Half> { static constexpr DType value = DType::Float16; };
+template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::BFloat16; };
 template <class T> inline constexpr DType dtype_of = DTypeOf<T>::value;
 
 // Dispatch: f is called with a TypeTag<T>; `using T = typename decltype(tag)::type;`.
 // A tag (not a templated lambda) keeps the same code usable from CUDA files (C++17).
 template <class T> struct TypeTag { using type = T; };
 
+// Floating: float32, float64. Numeric: and the integers. All: and bool (every dtype that
+// ops compute in; dispatch_storage_dtype adds the half-precision types).
 enum class DTypeSet { Floating, Numeric, All };
 
 template <class F>
@@ -72,6 +81,15 @@ decltype(auto) dispatch_dtype(DType dtype, DTypeSet allowed, const char* op, F&&
   check_supported(dtype, op);
   WEFT_FAIL(op, ": dtype ", dtype_name(dtype), " is not supported (expected ",
             allowed == DTypeSet::Floating ? "float32 or float64" : "a numeric dtype", ")");
+}
+
+// Every dtype, Half and BFloat16 included: for the kernels that only move or convert
+// values (copy, fill), whose code compiles for the 16-bit types (through hd::convert).
+template <class F>
+decltype(auto) dispatch_storage_dtype(DType dtype, const char* op, F&& f) {
+  if (dtype == DType::Float16) return f(TypeTag<Half>{});
+  if (dtype == DType::BFloat16) return f(TypeTag<BFloat16>{});
+  return dispatch_dtype(dtype, DTypeSet::All, op, std::forward<F>(f));
 }
 
 // Float32 and float64 only, and only those two are instantiated: for kernels whose

@@ -8,7 +8,6 @@
 namespace weft {
 
 Tensor empty(const Shape& shape, const TensorOptions& options) {
-  check_supported(options.dtype, "empty");
   for (int64_t n : shape) WEFT_CHECK(n >= 0, "empty: negative size in shape ", shape);
   int64_t bytes = 0;
   WEFT_CHECK(!__builtin_mul_overflow(checked_numel(shape, "empty"), element_size(options.dtype), &bytes), "empty: shape ",

@@ -40,8 +40,6 @@ constinit DispatchStub<FillFn> fill_stub{"fill_"};
 void copy_values(const Tensor& dst, const Tensor& src) {
   WEFT_CHECK(broadcasts_to(src.shape(), dst.shape()), "copy_: source shape ",
              src.shape(), " does not broadcast to destination shape ", dst.shape());
-  check_supported(dst.dtype(), "copy_");
-  check_supported(src.dtype(), "copy_");
   if (dst.numel() == 0) return;
   Tensor source = src.shape() == dst.shape() ? src : src.detach().expand(dst.shape());
   if (src.device().type == dst.device().type) {
@@ -143,6 +141,7 @@ Tensor Tensor::detach() const {
 double Tensor::item() const {
   WEFT_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape());
   if (!device().is_cpu()) return to(kCPU).item();
+  if (is_half_precision(dtype())) return to(DType::Float64).item();
   return dispatch_dtype(dtype(), DTypeSet::All, "item", [&](auto tag) {
     using T = typename decltype(tag)::type;
     return static_cast<double>(*static_cast<const T*>(raw_data()));

@@ -24,7 +24,7 @@ struct Formatter {
     std::ostringstream out;
     if (dtype == DType::Bool) {
       out << (v != 0 ? "true" : "false");
-    } else if (!is_floating(dtype)) {
+    } else if (!is_floating(dtype) && !is_half_precision(dtype)) {
       out << static_cast<int64_t>(v);
     } else if (std::isnan(v)) {
       out << "nan";  // as PyTorch prints any NaN; 0.0 / 0.0 (an empty mean) is -nan on x86
@@ -78,7 +78,7 @@ std::ostream& operator<<(std::ostream& out, const Tensor& tensor) {
   Tensor host = tensor.detach().to(kCPU);
   Formatter f{host.dtype()};
   bool summarize = host.numel() > kSummarizeAbove;
-  if (host.numel() > 0 && !is_reserved(host.dtype())) {
+  if (host.numel() > 0) {
     Tensor values = host.to(DType::Float64).contiguous();
     const double* p = values.data_ptr<double>();
     double max_abs = 0, min_abs = INFINITY;
@@ -88,13 +88,11 @@ std::ostream& operator<<(std::ostream& out, const Tensor& tensor) {
       max_abs = std::max(max_abs, a);
       if (a > 0) min_abs = std::min(min_abs, a);
     }
-    f.scientific = is_floating(f.dtype) && (max_abs >= 1e8 || min_abs < 1e-4);
+    f.scientific = (is_floating(f.dtype) || is_half_precision(f.dtype)) && (max_abs >= 1e8 || min_abs < 1e-4);
     for (int64_t i = 0; i < values.numel(); ++i) f.width = std::max<int>(f.width, f.format(p[i]).size());
   }
   out << "tensor(";
-  if (is_reserved(host.dtype()))
-    out << "<" << host.dtype() << " values>";
-  else if (host.numel() == 0)
+  if (host.numel() == 0)
     out << "[]";
   else
     print_values(out, host, f, summarize, 7);

@@ -21,6 +21,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "core/half.h"
 #include "core/host_device.h"
 
 namespace weft::hd {
@@ -83,9 +84,21 @@ WEFT_HOST_DEVICE inline T int_div(T x, T y) {
 // as the GPU does, on every device: truncation toward zero, saturated to the target's range,
 // and NaN converts to 0. To bool is "!= 0" (so NaN is true); integer to integer wraps (as
 // C++20 defines it, and as PyTorch's casts do).
+//
+// Half and BFloat16 convert through float (exact from them) and double (exact from float,
+// and from every integer up to 2^53): a conversion to them rounds once, ties to even (Note
+// [Rounding to 16 bits]); one from them is the float's conversion.
 template <class To, class From>
 WEFT_HOST_DEVICE inline To convert(From v) {
-  if constexpr (std::is_same_v<To, bool>) {
+  if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
+    return convert<To>(to_float(v));
+  } else if constexpr (std::is_same_v<To, Half>) {
+    if constexpr (std::is_same_v<From, float>) return to_half(v);
+    else return to_half(static_cast<double>(v));
+  } else if constexpr (std::is_same_v<To, BFloat16>) {
+    if constexpr (std::is_same_v<From, float>) return to_bfloat16(v);
+    else return to_bfloat16(static_cast<double>(v));
+  } else if constexpr (std::is_same_v<To, bool>) {
     return v != From(0);
   } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
     // The bounds as From: the maximum rounds up to a power of two (2^63 for int64 as a

@@ -17,13 +17,13 @@ namespace weft {
 
 namespace {
 
-// Defined, one dtype, one device, no reserved dtype; names the position at fault.
+// Defined, one dtype, one device; names the position at fault. (Any dtype: the ops only
+// copy, so float16 and bfloat16 join too.)
 void check_joinable(const std::vector<Tensor>& tensors, const char* op) {
   WEFT_CHECK(!tensors.empty(), op, ": expected a non-empty list of tensors");
   for (size_t i = 0; i < tensors.size(); ++i)
     WEFT_CHECK(tensors[i].defined(), op, ": tensor ", i, " of the list is an undefined tensor");
   const Tensor& first = tensors[0];
-  check_supported(first.dtype(), op);
   for (size_t i = 1; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
     WEFT_CHECK(t.dtype() == first.dtype(), op, ": dtype mismatch, tensor ", i, " is ", t.dtype(), " but tensor 0 is ",

@@ -127,7 +127,7 @@ Entry parse_entry(const Source& src, const std::string& name, const Json& info) 
   auto parsed = dtype_of_code(dtype.get_ref<const std::string&>());
   if (!parsed)
     src.fail("tensor '", name, "': unknown dtype '", dtype.get_ref<const std::string&>(),
-             "' (weft reads F32, F64, I64, I32, U8, BOOL)");
+             "' (weft reads F32, F64, I64, I32, U8, BOOL, F16, BF16)");
   e.dtype = *parsed;
 
   const Json& shape = info["shape"];
@@ -388,10 +388,6 @@ CheckedHeader read_checked_header(const FileDescriptor& file, const std::string&
   Header header = parse_header(src, text);
   CheckedHeader out{src, std::move(header.metadata), std::move(header.entries)};
   check_layout(src, out.entries);
-  for (const Entry& e : out.entries)
-    if (is_reserved(e.dtype))
-      src.fail("tensor '", e.name, "': dtype ", code_of(e.dtype), " (", dtype_name(e.dtype),
-               ") is not supported yet; convert it to float32 before saving");
   return out;
 }
 
@@ -435,7 +431,6 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     WEFT_CHECK(name != "__metadata__", op, "'__metadata__' is reserved for the metadata and cannot name a tensor");
     WEFT_CHECK(names.insert(name).second, op, "the name '", name, "' appears twice");
     WEFT_CHECK(is_valid_utf8(name), op, "the tensor name '", name, "' is not valid UTF-8");
-    check_supported(t.dtype(), "save_safetensors");
   }
   for (const auto& [key, value] : metadata)
     WEFT_CHECK(is_valid_utf8(key) && is_valid_utf8(value), op, "metadata '", key, "' is not valid UTF-8");

@@ -36,9 +36,9 @@ struct SafetensorsFile {
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
-// Reads a file into CPU tensors. Dtypes F32, F64, I64, I32, U8 and BOOL load as weft's;
-// BF16 and F16 entries are an error ("not supported yet", naming the tensor), because
-// weft reserves those dtypes and never converts silently.
+// Reads a file into CPU tensors. Dtypes F32, F64, I64, I32, U8, BOOL, F16 and BF16 load as
+// weft's (the 16-bit ones as storage: convert with .to(DType::Float32) to compute; weft
+// never converts silently).
 SafetensorsFile load_safetensors(const std::string& path);
 
 // The metadata alone, after the same checks of the whole header (no tensor data is read).

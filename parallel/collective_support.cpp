@@ -3,6 +3,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "kernels/elementwise.h"
 #include "kernels/shape_ops.h"
 
 namespace weft::parallel::detail {
@@ -15,7 +16,18 @@ void check_reduce(DType dtype, ReduceOp op, const std::string& what) {
   if (dtype == DType::Bool)
     WEFT_CHECK(op == ReduceOp::Max || op == ReduceOp::Min, what, ": bool tensors reduce with max or min only, not ",
                reduce_op_name(op));
-  if (op == ReduceOp::Avg) WEFT_CHECK(is_floating(dtype), what, ": avg needs a floating dtype, got ", dtype, " (use sum)");
+  if (op == ReduceOp::Avg)
+    WEFT_CHECK(is_floating(dtype) || is_half_precision(dtype), what, ": avg needs a floating dtype, got ", dtype,
+               " (use sum)");
+}
+
+void divide_in_place(const Tensor& t, double divisor) {
+  NoGradGuard no_grad;
+  if (is_half_precision(t.dtype())) {
+    t.detach().copy_(div(t.to(DType::Float32), divisor));
+  } else {
+    div_(t.detach(), divisor);
+  }
 }
 
 void check_list(const std::vector<Tensor>& list, size_t count, const Tensor& like, const char* name,

@@ -12,11 +12,15 @@ namespace weft::parallel::detail {
 
 // `r` is a rank of a group of `size` (`name` is "root", "dst" or "src").
 void check_rank(int r, int size, const char* name, const std::string& what);
-// Bool reduces with max or min only; avg needs a floating dtype.
+// Bool reduces with max or min only; avg needs a floating dtype (float16 and bfloat16 too).
 void check_reduce(DType dtype, ReduceOp op, const std::string& what);
 // `count` defined tensors on like's device, each of like's shape and dtype.
 void check_list(const std::vector<Tensor>& list, size_t count, const Tensor& like, const char* name,
                 const std::string& what);
+
+// t <- t / divisor, in place (an average's last step); float16 and bfloat16 are divided in
+// float32 and rounded once.
+void divide_in_place(const Tensor& t, double divisor);
 
 // The tensors one after the other in one contiguous 1-d tensor (on their device).
 Tensor flatten(const std::vector<Tensor>& tensors);

@@ -20,9 +20,10 @@
 // no_sync() skips the reduction: gradients accumulate locally, and the next synchronised
 // backward reduces the sum (gradient accumulation over several micro-batches).
 //
-// Where weft differs from PyTorch: one input tensor per forward (as nn::Module); the fp16 and
-// bf16 compression hooks wait for weft's half-precision dtypes (register_comm_hook takes
-// any CommHook meanwhile).
+// register_comm_hook replaces the bucket's all-reduce: parallel/comm_hooks.h has the
+// built-ins (allreduce, fp16 and bf16 compression) and says how to write one.
+//
+// Where weft differs from PyTorch: one input tensor per forward (as nn::Module).
 #pragma once
 
 #include <memory>

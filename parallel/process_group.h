@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,12 @@ class Work {
   // The error it failed with (null while running or after success).
   virtual std::exception_ptr exception() = 0;
 };
+
+// A Work that is done once `work` is done and `continuation` has run after it: the
+// continuation runs once, on the thread that first finds `work` done (in wait() or
+// is_completed()), and an error from either is this Work's error (PyTorch's Future.then;
+// the compression hooks widen their result back into the bucket with one).
+std::shared_ptr<Work> then(std::shared_ptr<Work> work, std::function<void()> continuation);
 
 class ProcessGroup {
  public:

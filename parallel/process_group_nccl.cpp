@@ -341,7 +341,6 @@ class ProcessGroupNccl final : public ProcessGroup {
     WEFT_CHECK(t.defined(), what, ": the tensor is undefined");
     WEFT_CHECK(t.device().is_cuda(), what, ": the nccl backend works on CUDA tensors; this one is on ", t.device(),
                " (CPU tensors take the gloo backend)");
-    WEFT_CHECK(!is_reserved(t.dtype()), what, ": dtype ", t.dtype(), " is not supported yet");
   }
 
   static std::vector<Tensor> with(std::vector<Tensor> list, const Tensor& one) {

@@ -65,7 +65,7 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, std
     WEFT_CHECK(is_floating(p.dtype()), "Reducer: parameter '", names_[i], "' is ", p.dtype(),
                "; gradients are reduced in floating dtypes");
   }
-  hook_ = [](ProcessGroup& g, const Tensor& bucket) { return g.all_reduce(bucket, ReduceOp::Avg); };
+  hook_ = allreduce_hook();
   std::vector<size_t> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;  // backward meets the last layers first
   build_buckets(assign_buckets(params_, order, options_.first_bucket_cap_bytes, options_.bucket_cap_bytes));

@@ -31,14 +31,10 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "parallel/comm_hooks.h"
 #include "parallel/process_group.h"
 
 namespace weft::parallel {
-
-// What a bucket's communication does: given the group and the bucket's flat buffer (the
-// rank's summed gradients), start an operation that leaves the buffer holding the average
-// over ranks (PyTorch's register_comm_hook). The default: all_reduce with ReduceOp::Avg.
-using CommHook = std::function<std::shared_ptr<Work>(ProcessGroup& group, const Tensor& bucket)>;
 
 struct ReducerOptions {
   int64_t bucket_cap_bytes = int64_t{25} << 20;

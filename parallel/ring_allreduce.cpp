@@ -7,14 +7,22 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "kernels/elementwise.h"
+#include "parallel/collective_support.h"
 #include "parallel/work_queue.h"
 
 namespace weft::parallel {
 
 namespace {
 
-// acc <- acc op incoming, elementwise, in place.
+// acc <- acc op incoming, elementwise, in place. float16 and bfloat16 compute in float32 and
+// round once, as the Gloo backend's loops do (process_group_gloo.cpp): the same bits.
 void reduce_into(const Tensor& acc, const Tensor& incoming, ReduceOp op) {
+  if (is_half_precision(acc.dtype())) {
+    const Tensor wide = acc.to(DType::Float32);
+    reduce_into(wide, incoming.to(DType::Float32), op);
+    acc.copy_(wide);
+    return;
+  }
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg: add_(acc, incoming); return;
@@ -39,8 +47,7 @@ void ring_all_reduce(ProcessGroup& group, const Tensor& tensor, ReduceOp op, con
   WEFT_CHECK(tensor.defined(), "ring_all_reduce: the tensor is undefined");
   WEFT_CHECK(tensor.dtype() != DType::Bool, "ring_all_reduce: bool tensors are not supported (use the group's all_reduce)");
   WEFT_CHECK(options.chunk_bytes > 0, "ring_all_reduce: chunk_bytes must be positive, got ", options.chunk_bytes);
-  if (op == ReduceOp::Avg)
-    WEFT_CHECK(is_floating(tensor.dtype()), "ring_all_reduce: avg needs a floating dtype, got ", tensor.dtype());
+  detail::check_reduce(tensor.dtype(), op, "ring_all_reduce");
   NoGradGuard no_grad;
   const int n = group.size(), me = group.rank();
   const int64_t round = group.next_round();
@@ -94,7 +101,7 @@ void ring_all_reduce(ProcessGroup& group, const Tensor& tensor, ReduceOp op, con
     for (size_t c = 0; c < out.size(); ++c) works.push_back(group.send(out[c], next, tag(step, c)));
     for (auto& w : works) w->wait();
   }
-  if (op == ReduceOp::Avg) div_(data, static_cast<double>(n));
+  if (op == ReduceOp::Avg) detail::divide_in_place(data, static_cast<double>(n));
   if (!data.is_same(tensor) && data.storage() != tensor.storage()) tensor.detach().copy_(data);
 }
 

@@ -1,5 +1,6 @@
 // One rank of the DistributedDataParallel tests (tests/test_ddp.cpp starts several; the
-// SyncBatchNorm and TrainLoop scenarios are in tests/ddp_worker_training.cpp):
+// SyncBatchNorm and TrainLoop scenarios are in tests/ddp_worker_training.cpp, the
+// communication hooks' in tests/ddp_worker_hooks.cpp):
 //
 //   ddp_worker SCENARIO [ARGS]     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
 //
@@ -226,6 +227,7 @@ int main(int argc, char** argv) {
     if (scenario == "partial_use") return scenario_partial_use();
     if (scenario == "mismatch") return scenario_mismatch();
     if (scenario == "broadcast") return scenario_broadcast();
+    if (scenario == "comm_hook") return scenario_comm_hook(arg1, arg2 == "views");
     if (scenario == "sync_bn") return scenario_sync_bn(arg1);
     if (scenario == "sync_bn_uneven") return scenario_sync_bn_uneven();
     if (scenario == "elastic" && argc > 4)

@@ -86,6 +86,8 @@ inline bool close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, do
   return true;
 }
 
+// tests/ddp_worker_hooks.cpp: the allreduce, fp16 and bf16 communication hooks.
+int scenario_comm_hook(const std::string& hook, bool bucket_view);
 // The scenarios of tests/ddp_worker_training.cpp: SyncBatchNorm and the TrainLoop's ddp mode.
 int scenario_sync_bn(const std::string& optimizer);
 int scenario_sync_bn_uneven();

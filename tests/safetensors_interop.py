@@ -38,6 +38,7 @@ def expected_tensors():
         "bool": np.array([[True, False], [False, True]]),
         "scalar": np.array(3.5, dtype=np.float32),
         "empty": np.zeros((0, 3), dtype=np.float32),
+        "f16": np.array([-65504, 2.0**-24, 1.0 / 3, 0.1], dtype=np.float16),
     }
 
 
@@ -84,7 +85,8 @@ def main():
         check_weft_file(os.path.join(directory, "weft.safetensors"))
 
         save_file(expected_tensors(), os.path.join(directory, "python.safetensors"), metadata={"written_by": "python"})
-        save_file({"half": np.ones(2, dtype=np.float16)}, os.path.join(directory, "python_f16.safetensors"))
+        save_file({"half": np.array([1, -0.5, 65504, 2.0**-24], dtype=np.float16)},
+                  os.path.join(directory, "python_f16.safetensors"))
         run_case(binary, "interop weft reads", directory)
     print("safetensors interop: Python reads weft's file and weft reads Python's")
 

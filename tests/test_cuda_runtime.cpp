@@ -7,6 +7,7 @@
 // WEFT_CUDA_ALLOCATOR=direct.
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 
 #include "cuda_test_util.h"
 #include "data/dataloader.h"
@@ -250,6 +251,38 @@ TEST_CASE("host <-> device copies for every dtype, strides and conversions") {
   auto values = filled.to(kCPU).to_vector<double>();
   for (int i = 0; i < 48; ++i) CHECK((i % 2 == 0 ? values[i] == 2.5 : std::isnan(values[i])));
   CHECK_GPU_MATCHES(zeros({0, 3}, TensorOptions(DType::Float32, gpu())), zeros({0, 3}), 0, 0);
+}
+
+TEST_CASE("float16 and bfloat16 conversions on the GPU give the CPU's bits") {
+  // Every 16-bit pattern (NaNs, infinities, subnormals) widened on the GPU, and doubles and
+  // floats rounded on the GPU (random ones, and the ties and near-ties of test_half), strided.
+  std::vector<double> probes;
+  Tensor random = test::random({4096}, DType::Float64, 41);
+  for (double v : random.to_vector<double>())
+    for (int e : {-30, -14, 0, 8, 15, 16, 120, 128}) probes.push_back(std::ldexp(v, e));
+  for (double tie : {1.0 + 0x1p-11, 65520.0, 0x1p-25, 1.0 + 0x1p-8, 0x1p-133})
+    for (double v : {tie, std::nextafter(tie, 0.0), std::nextafter(tie, INFINITY)}) probes.push_back(v);
+  Tensor doubles = tensor(probes);
+  for (DType dtype : {DType::Float16, DType::BFloat16}) {
+    CAPTURE(dtype);
+    Tensor every = empty({65536}, dtype);
+    auto* bits = static_cast<uint16_t*>(every.raw_data());
+    for (int b = 0; b < 65536; ++b) bits[b] = static_cast<uint16_t>(b);
+    for (DType wide : {DType::Float32, DType::Float64}) {
+      Tensor on_gpu = every.to(gpu()).to(wide).to(kCPU), on_cpu = every.to(wide);
+      CHECK(std::memcmp(on_gpu.raw_data(), on_cpu.raw_data(), static_cast<size_t>(on_cpu.nbytes())) == 0);
+    }
+    for (const Tensor& source : {doubles, doubles.to(DType::Float32)}) {
+      const int64_t n = static_cast<int64_t>(probes.size());
+      Tensor on_gpu = test::poisoned({2 * n}, dtype, gpu()).slice(0, 0, 2 * n, 2);
+      on_gpu.copy_(source.to(gpu()));
+      Tensor on_cpu = source.to(dtype);
+      CHECK(std::memcmp(on_gpu.contiguous().to(kCPU).raw_data(), on_cpu.raw_data(),
+                        static_cast<size_t>(on_cpu.nbytes())) == 0);
+    }
+    Tensor filled = full({3}, 1.0 / 3, TensorOptions(dtype, gpu())).to(kCPU);
+    CHECK(std::memcmp(filled.raw_data(), full({3}, 1.0 / 3, dtype).raw_data(), 6) == 0);
+  }
 }
 
 TEST_CASE("pinned host memory: asynchronous uploads, cached blocks") {

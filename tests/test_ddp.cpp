@@ -13,6 +13,7 @@
 #include <tuple>
 #include <unistd.h>
 
+#include "parallel/comm_hooks.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/file_store.h"
@@ -56,6 +57,47 @@ TEST_CASE("DDP over 2 and 3 ranks equals one process on the whole batch: MLP, Co
   test::check_all_ok(test::run_ranks({worker, "equivalence", "mlp", "sgd", "views"}, 2, std::chrono::seconds(120)));
   test::check_all_ok(test::run_ranks({worker, "equivalence", "convnet", "sgd"}, 2, std::chrono::seconds(180)));
   test::check_all_ok(test::run_ranks({worker, "equivalence", "resnet", "adam"}, 3, std::chrono::seconds(180)));
+}
+
+TEST_CASE("DDP communication hooks: fp16 and bf16 compression round each gradient as they say, and still train") {
+  if (skip_without_gloo()) return;
+  // Two ranks: each averaged gradient is exactly round(c_0 + c_1); three: within the roundings' bound.
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    test::check_all_ok(test::run_ranks({worker, "comm_hook", "fp16"}, world, std::chrono::seconds(120)));
+    test::check_all_ok(test::run_ranks({worker, "comm_hook", "bf16"}, world, std::chrono::seconds(120)));
+  }
+  test::check_all_ok(test::run_ranks({worker, "comm_hook", "fp16", "views"}, 3, std::chrono::seconds(120)));
+  // weft's ring all-reduce sums 16-bit values as Gloo does: rounded once per addition.
+  test::check_all_ok(test::run_ranks({worker, "comm_hook", "bf16"}, 2, std::chrono::seconds(120),
+                                     {{"WEFT_ALL_REDUCE", "ring"}}));
+  test::check_all_ok(test::run_ranks({worker, "comm_hook", "allreduce"}, 2, std::chrono::seconds(120)));
+}
+
+TEST_CASE("comm_hook_named and then(): the continuation runs once, after the work; an error in it is the work's") {
+  CHECK_THROWS_WITH_AS(parallel::comm_hook_named("powersgd"),
+                       Contains("unknown communication hook 'powersgd' (weft has allreduce, fp16 and bf16)"), Error);
+  // A work that is done when the test says so.
+  struct Manual final : parallel::Work {
+    bool done = false;
+    void wait(std::chrono::milliseconds) override { done = true; }
+    bool is_completed() override { return done; }
+    std::exception_ptr exception() override { return nullptr; }
+  };
+  auto inner = std::make_shared<Manual>();
+  int runs = 0;
+  auto work = parallel::then(inner, [&] { ++runs; });
+  CHECK_FALSE(work->is_completed());
+  CHECK(runs == 0);
+  inner->done = true;
+  CHECK(work->is_completed());  // finds it done: runs the continuation
+  CHECK(runs == 1);
+  work->wait();
+  CHECK(runs == 1);
+  auto failing = parallel::then(std::make_shared<Manual>(), [] { throw Error("widening failed"); });
+  CHECK_THROWS_WITH_AS(failing->wait(), Contains("widening failed"), Error);
+  CHECK(failing->exception() != nullptr);
+  CHECK_THROWS_WITH_AS(failing->wait(), Contains("widening failed"), Error);  // once, and remembered
 }
 
 TEST_CASE("DDP: no_sync accumulates locally; the next synchronised backward reduces the sum") {

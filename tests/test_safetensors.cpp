@@ -91,6 +91,8 @@ nn::NamedTensors interop_tensors() {
       {"bool", tensor(std::vector<int64_t>{1, 0, 0, 1}, {2, 2}).to(DType::Bool)},
       {"scalar", scalar_tensor(3.5, DType::Float32)},
       {"empty", empty({0, 3}, DType::Float32)},
+      // float16's largest value, a subnormal, and 1/3 rounded: numpy's float16 has the same bits.
+      {"f16", tensor(std::vector<double>{-65504, 0x1p-24, 1.0 / 3, 0.1}).to(DType::Float16)},
   };
 }
 
@@ -130,6 +132,8 @@ TEST_CASE("every dtype, 0-d, empty and non-contiguous tensors round trip exactly
       {"leaf", test::leaf({2, 2}, 6)},
       {"cpu1", cpu1},
       {"expanded", test::random({1, 3}, DType::Float32, 8).expand({4, 3})},
+      {"f16", test::random({2, 3}, DType::Float64, 9).to(DType::Float16)},
+      {"bf16.noncontiguous", test::noncontiguous(test::random({3, 2}, DType::Float64, 10).to(DType::BFloat16))},
   };
   std::map<std::string, std::string> metadata = {{"format", "pt"}, {"epoch", "3"}, {"note", "ünïcode, \"quoted\""}};
   const std::string path = scratch.path("all.safetensors");
@@ -137,11 +141,12 @@ TEST_CASE("every dtype, 0-d, empty and non-contiguous tensors round trip exactly
   SafetensorsFile loaded = load_safetensors(path);
 
   CHECK(loaded.metadata == metadata);
-  // Data order: 8-byte elements, then 4-byte, then 1-byte, each group in the order given.
+  // Data order: 8-byte elements, then 4-byte, 2-byte and 1-byte, each group in the order given.
   std::vector<std::string> names;
   for (const auto& [name, t] : loaded.tensors) names.push_back(name);
   CHECK(names == std::vector<std::string>{"f64.noncontiguous", "i64", "scalar", "empty.i64", "leaf", "f32", "i32",
-                                          "empty.f32", "cpu1", "expanded", "u8", "bool"});
+                                          "empty.f32", "cpu1", "expanded", "f16", "bf16.noncontiguous", "u8",
+                                          "bool"});
   for (const auto& named : saved) {
     const std::string& name = named.first;
     const Tensor& want = named.second;
@@ -351,15 +356,15 @@ TEST_CASE("malformed: entries with missing fields, wrong types or extra fields")
              "tensor 'w': data_offsets[0] is a null, expected a non-negative integer");
 }
 
-TEST_CASE("malformed: unknown and reserved dtypes") {
+TEST_CASE("malformed: unknown dtypes, and 16-bit sizes") {
   Malformed m;
   CHECK_CONTAINS(m.entry_error(R"("dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8])"),
-             m.prefix() + "tensor 'w': unknown dtype 'F8_E4M3' (weft reads F32, F64, I64, I32, U8, BOOL)");
+             m.prefix() + "tensor 'w': unknown dtype 'F8_E4M3' (weft reads F32, F64, I64, I32, U8, BOOL, F16, BF16)");
   CHECK_CONTAINS(m.entry_error(R"("dtype":"f32","shape":[2],"data_offsets":[0,8])"), "unknown dtype 'f32'");
-  CHECK_CONTAINS(m.entry_error(R"("dtype":"BF16","shape":[4],"data_offsets":[0,8])"),
-             m.prefix() + "tensor 'w': dtype BF16 (bfloat16) is not supported yet");
-  CHECK_CONTAINS(m.entry_error(R"("dtype":"F16","shape":[2,2],"data_offsets":[0,8])"),
-             "tensor 'w': dtype F16 (float16) is not supported yet");
+  // 16-bit entries are sized as such: 4 of them take 8 bytes, 8 of them 16.
+  CHECK_CONTAINS(m.entry_error(R"("dtype":"BF16","shape":[8],"data_offsets":[0,8])"),
+                 "tensor 'w': data_offsets [0, 8] hold 8 bytes but shape [8] of BF16 needs 16");
+  CHECK(m.entry_error(R"("dtype":"F16","shape":[2,2],"data_offsets":[0,8])").empty());
 }
 
 TEST_CASE("malformed: negative, oversized and too many dims") {
@@ -484,6 +489,8 @@ TEST_CASE("interop weft reads" * doctest::skip()) {
   SafetensorsFile file = load_safetensors(dir + "/python.safetensors");
   CHECK(file.metadata == std::map<std::string, std::string>{{"written_by", "python"}});
   check_interop_tensors(file);
-  CHECK_THROWS_WITH_AS(load_safetensors(dir + "/python_f16.safetensors"),
-                       contains("tensor 'half': dtype F16 (float16) is not supported yet"), Error);
+  SafetensorsFile f16 = load_safetensors(dir + "/python_f16.safetensors");
+  REQUIRE(f16.tensors.size() == 1);
+  CHECK(f16.tensors[0].second.dtype() == DType::Float16);
+  CHECK(f16.tensors[0].second.to_vector<float>() == std::vector<float>{1.0f, -0.5f, 65504.0f, 0x1p-24f});
 }

@@ -175,8 +175,18 @@ awk -v a="$single_accuracy" -v b="$ddp_accuracy" 'BEGIN { d = a - b; if (d < 0) 
 # after epoch 1, then from a checkpoint inside epoch 2 (--checkpoint-every 5; the job stopped
 # with SIGTERM right after it), and still ends with the uninterrupted run's bytes.
 ddp=(--mode ddp --nproc 2 --master-port "$(free_port)")
-"$train" "${common[@]}" "${ddp[@]}" --epochs 2 --checkpoint "$dir/ddp_straight.st" > "$dir/ddp_straight.log" 2>&1 ||
+"$train" "${common[@]}" "${ddp[@]}" --epochs 2 --checkpoint "$dir/ddp_straight.st" \
+  --metrics-json "$dir/ddp_straight.json" > "$dir/ddp_straight.log" 2>&1 ||
   { echo "FAIL: ddp with --checkpoint:"; cat "$dir/ddp_straight.log"; exit 1; }
+# --comm-hook bf16: the gradient buckets cross as bfloat16, so the run ends near the exact
+# one but not on it.
+"$train" "${common[@]}" "${ddp[@]}" --epochs 2 --comm-hook bf16 --checkpoint "$dir/ddp_bf16.st" \
+  --metrics-json "$dir/ddp_bf16.json" > "$dir/ddp_bf16.log" 2>&1 ||
+  { echo "FAIL: ddp --comm-hook bf16:"; cat "$dir/ddp_bf16.log"; exit 1; }
+! cmp -s "$dir/ddp_straight.st" "$dir/ddp_bf16.st" || { echo "FAIL: --comm-hook bf16 changed nothing"; exit 1; }
+exact_accuracy=$(value "$dir/ddp_straight.json" test_accuracy) bf16_accuracy=$(value "$dir/ddp_bf16.json" test_accuracy)
+awk -v a="$exact_accuracy" -v b="$bf16_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02) }' ||
+  { echo "FAIL: --comm-hook bf16 accuracy $bf16_accuracy is not within 0.02 of $exact_accuracy"; exit 1; }
 "$train" "${common[@]}" "${ddp[@]}" --epochs 1 --checkpoint "$dir/ddp_resumed.st" > /dev/null 2>&1
 "$train" "${common[@]}" "${ddp[@]}" --epochs 2 --resume "$dir/ddp_resumed.st" --checkpoint "$dir/ddp_resumed.st" \
   --checkpoint-every 5 > "$dir/ddp_resume.log" 2>&1 &
@@ -199,6 +209,8 @@ cmp "$dir/ddp_straight.st" "$dir/ddp_resumed.st" ||
   { echo "FAIL: a resumed ddp run differs from an uninterrupted one"; exit 1; }
 expect_failure "--mode ddp runs one process per device" --data synthetic --mode ddp --nproc 2 --devices cpu:0,cpu:1
 expect_failure "--sync-bn is for --mode ddp" --data synthetic --model resnet --sync-bn
+expect_failure "--comm-hook is for --mode ddp" --data synthetic --comm-hook fp16
+expect_failure "--comm-hook: powersgd not in" --data synthetic --mode ddp --comm-hook powersgd
 
 # An elastic worker resumes from its --checkpoint by itself, with another world size: one
 # process is killed just after a mid-epoch checkpoint, then 2 ddp ranks finish that epoch.

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "data/sampler.h"
+#include "parallel/comm_hooks.h"
 #include "parallel/distributed.h"
 #include "parallel/launch_env.h"
 #include "parallel/sync_batch_norm.h"
@@ -41,6 +42,7 @@ std::shared_ptr<nn::Module> DistributedStrategy::prepare(std::shared_ptr<nn::Mod
     model = parallel::SyncBatchNorm::convert(std::move(model), group_);
   }
   ddp_ = std::make_shared<parallel::DistributedDataParallel>(std::move(model), group_, options_.ddp);
+  if (options_.comm_hook != "allreduce") ddp_->register_comm_hook(parallel::comm_hook_named(options_.comm_hook));
   return ddp_;
 }
 

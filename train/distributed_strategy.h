@@ -3,14 +3,14 @@
 // One process per device, each running this same loop: the process joins the job's default
 // group (init_process_group from the launcher's variables, unless the program joined one
 // already), moves the model to its device (cuda:LOCAL_RANK with GPUs, else the CPU) and wraps
-// it in DistributedDataParallel (after SyncBatchNorm::convert, with sync_batch_norm); the
-// loaders are replaced by loaders over the same data with a DistributedSampler (training:
-// every rank a disjoint share of each epoch, reshuffled by set_epoch) or a
-// DistributedEvalSampler (evaluation: every test sample counted exactly once); the epoch's
-// sums are all-reduced, so every rank reports the whole run's loss and accuracy; only rank 0
-// logs, writes metrics and checkpoints. The processes are started by weft-run (or
-// torchrun-style variables, srun, mpirun); weft-train --mode ddp --nproc N starts them itself
-// through weft-run (train/launch.h).
+// it in DistributedDataParallel (after SyncBatchNorm::convert, with sync_batch_norm), with
+// comm_hook's communication hook; the loaders are replaced by loaders over the same data
+// with a DistributedSampler (training: every rank a disjoint share of each epoch, reshuffled
+// by set_epoch) or a DistributedEvalSampler (evaluation: every test sample counted exactly
+// once); the epoch's sums are all-reduced, so every rank reports the whole run's loss and
+// accuracy; only rank 0 logs, writes metrics and checkpoints. The processes are started by
+// weft-run (or torchrun-style variables, srun, mpirun); weft-train --mode ddp --nproc N
+// starts them itself through weft-run (train/launch.h).
 #pragma once
 
 #include <memory>
@@ -29,6 +29,8 @@ struct DistributedStrategyOptions {
   // Every BatchNorm2d of the model becomes a parallel::SyncBatchNorm over the group before
   // DDP wraps it (PyTorch's convert_sync_batchnorm): the statistics of the whole job's batch.
   bool sync_batch_norm = false;
+  // The DDP communication hook, by name (parallel::comm_hook_named): allreduce, fp16, bf16.
+  std::string comm_hook = "allreduce";
   std::string backend;  // default: nccl for CUDA devices, gloo for the CPU
 };
 

@@ -3,7 +3,8 @@
 For each world size, spawns that many processes (torch.multiprocessing, Gloo over
 loopback); each trains the model with DDP on its own batch and reports the median step; at
 world size 1 the plain model is timed too. Writes a flat JSON of milliseconds:
-<model>_<n>ranks_ddp_step_ms and <model>_1ranks_plain_step_ms.
+<model>_<n>ranks_ddp_step_ms and <model>_1ranks_plain_step_ms. --comm-hook fp16 registers
+PyTorch's fp16_compress_hook (its Gloo has no bfloat16).
 
     python3 bench/reference/ddp_overhead.py --model all --batch 64 --steps 15 --ranks 1,2,4 --json out.json
 """
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dp_overhead import ResNet  # noqa: E402  (weft's nn::ResNet(1, 10, {1, 1, 1}))
@@ -58,6 +60,8 @@ def rank_main(rank, world, port, args, out_path):
         # bucket, the first included, at --bucket-mb, so both split the gradients alike.
         dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.bucket_mb * 2**20)
         ddp = torch.nn.parallel.DistributedDataParallel(make(), bucket_cap_mb=args.bucket_mb)
+        if args.comm_hook == "fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         step = torch.tensor([median_step(ddp, x, y, args.steps)])
         dist.all_reduce(step, op=dist.ReduceOp.MAX)
         results[f"{name}_{world}ranks_ddp_step_ms"] = step.item()
@@ -81,6 +85,7 @@ def main():
     p.add_argument("--ranks", default="1,2,4")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--comm-hook", default="allreduce", choices=["allreduce", "fp16"])
     p.add_argument("--json", default="")
     args = p.parse_args()
     out = {}

@@ -18,9 +18,9 @@ void copy_kernel(const Tensor& src, const Tensor& dst) {
     return;
   }
   auto ops = cpu::make_operands<2>(dst.shape(), {&dst, &src});
-  dispatch_dtype(dst.dtype(), DTypeSet::All, "copy_", [&](auto dst_tag) {
+  dispatch_storage_dtype(dst.dtype(), "copy_", [&](auto dst_tag) {
     using To = typename decltype(dst_tag)::type;
-    dispatch_dtype(src.dtype(), DTypeSet::All, "copy_", [&](auto src_tag) {
+    dispatch_storage_dtype(src.dtype(), "copy_", [&](auto src_tag) {
       using From = typename decltype(src_tag)::type;
       cpu::for_each_run<2>(ops, [](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t n) {
         if (s[0] == sizeof(To) && s[1] == sizeof(From)) {
@@ -38,7 +38,7 @@ void copy_kernel(const Tensor& src, const Tensor& dst) {
 
 void fill_kernel(const Tensor& dst, double value) {
   auto ops = cpu::make_operands<1>(dst.shape(), {&dst});
-  dispatch_dtype(dst.dtype(), DTypeSet::All, "fill_", [&](auto tag) {
+  dispatch_storage_dtype(dst.dtype(), "fill_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T v = convert<T>(value);
     cpu::for_each_run<1>(ops, [v](std::array<char*, 1> p, std::array<int64_t, 1> s, int64_t n) {

@@ -62,9 +62,9 @@ void copy_on_stream(const Tensor& src, const Tensor& dst, cudaStream_t stream) {
     return;
   }
   auto ix = make_indexer<2>(dst.shape(), {&dst, &src});
-  dispatch_dtype(dst.dtype(), DTypeSet::All, "copy_", [&](auto dst_tag) {
+  dispatch_storage_dtype(dst.dtype(), "copy_", [&](auto dst_tag) {
     using To = typename decltype(dst_tag)::type;
-    dispatch_dtype(src.dtype(), DTypeSet::All, "copy_", [&](auto src_tag) {
+    dispatch_storage_dtype(src.dtype(), "copy_", [&](auto src_tag) {
       using From = typename decltype(src_tag)::type;
       launch_convert<To, From>(ix, dst.numel(), stream);
     });
@@ -116,7 +116,7 @@ void fill_kernel(const Tensor& dst, double value) {
     return;
   }
   auto ix = make_indexer<1>(dst.shape(), {&dst});
-  dispatch_dtype(dst.dtype(), DTypeSet::All, "fill_", [&](auto tag) {
+  dispatch_storage_dtype(dst.dtype(), "fill_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch_fill<T>(ix, dst.numel(), convert<T>(value), stream);
   });
