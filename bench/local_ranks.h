@@ -3,8 +3,6 @@
 // benchmark needs no launcher, and under one (weft-run, torchrun, srun) it is simply a rank.
 #pragma once
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,22 +15,9 @@
 
 #include "core/device.h"
 #include "kernels/cpu/threads.h"
+#include "parallel/launch_env.h"
 
 namespace weft::bench {
-
-// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-    throw std::runtime_error("no free port on 127.0.0.1");
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // Runs `self` with `argv` as `world` local ranks (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR = 127.0.0.1, a free MASTER_PORT) and waits for them; returns
@@ -41,7 +26,7 @@ inline int free_port() {
 // cores. With `share_gpus` and more ranks than GPUs, each rank also gets its own NCCL_HOSTID
 // and NCCL's socket transport over loopback, as weft-run sets (DESIGN.md, pitfalls).
 inline int run_as_local_ranks(const char* self, char** argv, int world, bool share_gpus = false) {
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(parallel::free_loopback_port());
   const std::string threads = std::to_string(std::max(1, num_threads() / world));
   const bool nccl_sockets = share_gpus && world > cuda_physical_device_count();
   std::vector<pid_t> pids;

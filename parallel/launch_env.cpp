@@ -1,9 +1,15 @@
 // LaunchEnv: RANK/WORLD_SIZE, then Slurm's, then Open MPI's variables; see launch_env.h.
 #include "parallel/launch_env.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <charconv>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
+#include <random>
 #include <sstream>
 
 #include "core/error.h"
@@ -133,6 +139,27 @@ std::optional<std::pair<std::string, int>> split_host_port(std::string_view text
   const std::optional<int> port = parse_int_in(text.substr(colon + 1), 1, 65535);
   if (!port) return std::nullopt;
   return std::make_pair(std::string(text.substr(0, colon)), *port);
+}
+
+int free_loopback_port() {
+  int low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); !(range >> low)) low = 32768;
+  std::mt19937 draw(std::random_device{}() ^ static_cast<unsigned>(::getpid()));
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = low > 10001 ? std::uniform_int_distribution<int>(10000, low - 1)(draw) : 0;
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    socklen_t len = sizeof addr;
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+    ::close(fd);
+    if (ok) return ntohs(addr.sin_port);
+  }
+  WEFT_FAIL("free_loopback_port: no free TCP port on 127.0.0.1");
 }
 
 }  // namespace weft::parallel

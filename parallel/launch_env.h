@@ -51,4 +51,12 @@ std::optional<int> parse_int_in(std::string_view text, int min, int max);
 // nullopt otherwise.
 std::optional<std::pair<std::string, int>> split_host_port(std::string_view text);
 
+// A TCP port on 127.0.0.1 that is free now, for a job of local ranks to rendezvous on (the
+// tests', the benchmarks'). Drawn at random below the kernel's ephemeral range
+// (ip_local_port_range) rather than found by binding port 0: an ephemeral port may be taken
+// as the source port of any outgoing connection on the machine (another job's Gloo mesh)
+// before rank 0 listens on it, while a port below the range is taken only by someone asking
+// for it by number (tests/free_port.py does the same for the scripts).
+int free_loopback_port();
+
 }  // namespace weft::parallel

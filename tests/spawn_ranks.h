@@ -5,10 +5,8 @@
 #pragma once
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,42 +18,20 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "parallel/launch_env.h"
+
 extern char** environ;
 
 namespace weft::test {
 
-// A TCP port on 127.0.0.1 that was free a moment ago, drawn at random below the kernel's
-// ephemeral range (ip_local_port_range) rather than found by binding port 0: an ephemeral
-// port may be taken as the source port of any outgoing connection on the machine (another
-// test's Gloo mesh) before rank 0 listens on it, while a port below the range is taken only
-// by someone asking for it by number (tests/free_port.py does the same for the scripts).
-inline int free_port() {
-  int low = 32768;
-  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); !(range >> low)) low = 32768;
-  std::mt19937 draw(std::random_device{}() ^ static_cast<unsigned>(::getpid()));
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int port = low > 10001 ? std::uniform_int_distribution<int>(10000, low - 1)(draw) : 0;
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) break;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    socklen_t len = sizeof addr;
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-    ::close(fd);
-    if (ok) return ntohs(addr.sin_port);
-  }
-  throw std::runtime_error("free_port: no port");
-}
+// A free port on 127.0.0.1 for a job's rendezvous (parallel/launch_env.h says how it is drawn).
+inline int free_port() { return parallel::free_loopback_port(); }
 
 struct RankOutcome {
   int exit_status = -1;  // the process's exit status, or -1 when it was killed at the deadline
