@@ -39,6 +39,7 @@
 #include "nn/optim/sgd.h"
 #include "nn/safetensors.h"
 #include "parallel/data_parallel.h"
+#include "parallel/zero_redundancy_optimizer.h"
 #include "train/data_parallel_strategy.h"
 #include "train/distributed_strategy.h"
 #include "train/elastic.h"
@@ -64,7 +65,7 @@ struct Config {
   double lr = 0.01, momentum = 0.9;
   std::optional<double> weight_decay;  // unset: the optimizer's own default (AdamW: 1e-2)
   uint64_t seed = 0;
-  bool no_progress = false, sync_bn = false;
+  bool no_progress = false, sync_bn = false, zero = false;
   std::set<std::string> given;  // the flags on the command line, without their "--"
 };
 
@@ -174,7 +175,14 @@ std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optim
   return nullptr;
 }
 
+// --zero: the same optimizer over each rank's shard of the parameters, in the job's group.
 std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, const std::vector<Tensor>& params) {
+  if (c.zero) {
+    Config plain = c;
+    plain.zero = false;
+    return std::make_shared<parallel::ZeroRedundancyOptimizer>(
+        params, [plain](std::vector<Tensor> shard) { return make_optimizer(plain, shard); });
+  }
   if (c.optimizer == "sgd") {
     optim::SGDOptions o;
     o.lr = c.lr;
@@ -230,6 +238,8 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
              "--sync-bn is for --mode ddp (it synchronises BatchNorm across processes, one device each)");
   WEFT_CHECK(!c.given.count("comm-hook") || mode == train::ParallelMode::DistributedDataParallel,
              "--comm-hook is for --mode ddp (it is how DistributedDataParallel's buckets cross between processes)");
+  WEFT_CHECK(!c.zero || mode == train::ParallelMode::DistributedDataParallel,
+             "--zero is for --mode ddp (it shards the optimizer's state over the processes of the job)");
   switch (mode) {
     case train::ParallelMode::Single: return std::make_shared<train::SingleDevice>();
     case train::ParallelMode::DataParallel: return std::make_shared<train::DataParallelStrategy>(devices);
@@ -350,12 +360,11 @@ int run(Config c) {
 
   std::shared_ptr<nn::Module> model = make_model(c.model);
   model->to(devices[0]);
+  train::TrainLoopOptions options;
+  options.strategy = make_strategy(c, mode, devices);  // ddp: joins the job's group, which --zero shards over
   auto optimizer = make_optimizer(c, model->parameters());
   auto scheduler = make_scheduler(c, *optimizer);
   nn::CrossEntropyLoss criterion;
-
-  train::TrainLoopOptions options;
-  options.strategy = make_strategy(c, mode, devices);
   options.checkpoint_path = c.checkpoint;
   options.checkpoint_every = c.checkpoint_every;
   options.scheduler = scheduler;
@@ -398,7 +407,8 @@ int run(Config c) {
                                            : "");
   if (main_process)
     std::cout << "weft-train: " << c.model << " on " << c.data << " (" << train_set->size() << " train, "
-            << test_set->size() << " test), " << where << ", " << c.optimizer << " lr " << c.lr
+            << test_set->size() << " test), " << where << ", " << c.optimizer
+            << (c.zero ? " (state sharded: --zero)" : "") << " lr " << c.lr
             << (scheduler ? " (" + c.lr_schedule + " schedule)" : "") << ", batch " << c.batch_size << ", "
             << num_threads() << " CPU threads\n";
   if (admission) loop.add_callback(admission);
@@ -454,6 +464,9 @@ int main(int argc, char** argv) {
                  "--mode ddp: how gradient buckets are averaged: allreduce (default), or fp16 / bf16 (sent as 16-bit "
                  "floats: half the bytes)")
       ->check(CLI::IsMember({"allreduce", "fp16", "bf16"}));
+  app.add_flag("--zero", c.zero,
+               "--mode ddp: each rank keeps and updates the optimizer state of its share of the parameters only, then "
+               "broadcasts them (ZeroRedundancyOptimizer)");
   app.add_option("--microbatches", c.microbatches, "--mode pipeline: micro-batches per batch (4)")
       ->check(flags::positive_integer());
   app.add_option("--schedule", c.schedule, "--mode pipeline: gpipe, 1f1b (default) or interleaved")

@@ -3,7 +3,8 @@
 //
 //   build/bench/ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N]
 //                            [--ranks 1,2,4] [--bucket-mb MB] [--sync-bn]
-//                            [--comm-hook allreduce|fp16|bf16] [--json FILE]
+//                            [--comm-hook allreduce|fp16|bf16] [--optimizer sgd|adam] [--zero]
+//                            [--json FILE]
 //
 // For each world size it starts that many ranks (this executable again, as local CPU
 // processes with weft-run's variables, Gloo over loopback; under a launcher it is one rank
@@ -20,7 +21,11 @@
 // statistics cost; PyTorch 1.13's SyncBatchNorm takes CUDA tensors only, so there is no
 // reference for it on CPU ranks. --comm-hook registers one of parallel/comm_hooks.h's hooks
 // on both sides (PyTorch's default_hooks; its Gloo has no bfloat16, so bf16 has no
-// reference).
+// reference). --optimizer picks SGD with momentum (default) or Adam; --zero wraps it in a
+// parallel::ZeroRedundancyOptimizer on both sides (PyTorch's
+// torch.distributed.optim.ZeroRedundancyOptimizer), which adds a broadcast of the parameters
+// to each step and divides the optimizer state among the ranks: the last column is the state
+// the most loaded rank keeps.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -50,6 +55,8 @@ struct Config {
   double bucket_mb = 1.0 / 32;
   bool sync_bn = false;
   std::string comm_hook = "allreduce";
+  std::string optimizer = "sgd";
+  bool zero = false;
 };
 
 std::shared_ptr<nn::Module> make_model(const std::string& name) {
@@ -61,6 +68,25 @@ std::shared_ptr<nn::Module> make_model(const std::string& name) {
 std::shared_ptr<nn::Module> make_model(const std::string& name, bool sync_bn) {
   auto model = make_model(name);
   return sync_bn ? parallel::SyncBatchNorm::convert(model) : model;
+}
+
+std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, std::vector<Tensor> params, bool shard) {
+  if (shard) {
+    return std::make_shared<parallel::ZeroRedundancyOptimizer>(
+        std::move(params), [c](std::vector<Tensor> shard) { return make_optimizer(c, std::move(shard), false); });
+  }
+  if (c.optimizer == "adam") return std::make_shared<optim::Adam>(std::move(params), optim::AdamOptions{0.001});
+  return std::make_shared<optim::SGD>(std::move(params), optim::SGDOptions{0.01, 0.9});
+}
+
+// The bytes of optimizer state this rank keeps (a sharded optimizer: its shard's).
+double state_bytes(const optim::Optimizer& optimizer) {
+  const optim::Optimizer* own = &optimizer;
+  if (auto* zero = dynamic_cast<const parallel::ZeroRedundancyOptimizer*>(own)) own = zero->shard_optimizer();
+  double bytes = 0;
+  if (own)
+    for (const auto& [name, t] : own->state_dict().tensors) bytes += static_cast<double>(t.nbytes());
+  return bytes;
 }
 
 double median(std::vector<double> v) {
@@ -140,21 +166,21 @@ int run_rank(const Config& c) {
     options.bucket_cap_mb = options.first_bucket_mb = c.bucket_mb;
     parallel::DistributedDataParallel ddp(model, nullptr, options);
     if (c.comm_hook != "allreduce") ddp.register_comm_hook(parallel::comm_hook_named(c.comm_hook));
-    optim::SGD sgd(model->parameters(), optim::SGDOptions{0.01, 0.9});
+    auto optimizer = make_optimizer(c, model->parameters(), c.zero);
     double step = 0, plain = 0, hidden = 0;
     if (world == 1) {  // DDP's own cost: against the plain model, in turns
       auto bare = make_model(name);
-      optim::SGD bare_sgd(bare->parameters(), optim::SGDOptions{0.01, 0.9});
-      auto ms = time_steps({{&ddp, &sgd}, {bare.get(), &bare_sgd}}, x, y, c.steps);
+      auto bare_optimizer = make_optimizer(c, bare->parameters(), false);
+      auto ms = time_steps({{&ddp, optimizer.get()}, {bare.get(), bare_optimizer.get()}}, x, y, c.steps);
       step = ms[0], plain = ms[1];
     } else {  // with a trace of the steps, for the hidden share
       trace::start();
-      step = time_steps({{&ddp, &sgd}}, x, y, c.steps)[0];
+      step = time_steps({{&ddp, optimizer.get()}}, x, y, c.steps)[0];
       trace::stop();
       hidden = hidden_fraction(trace::json());
     }
-    // The slowest rank's step, and the least hidden share.
-    Tensor stats = tensor(std::vector<double>{step, -hidden});
+    // The slowest rank's step, the least hidden share, the most optimizer state.
+    Tensor stats = tensor(std::vector<double>{step, -hidden, state_bytes(*optimizer)});
     parallel::default_group().all_reduce(stats, parallel::ReduceOp::Max)->wait();
     auto v = stats.to_vector<double>();
     if (rank == 0) {
@@ -162,12 +188,13 @@ int run_rank(const Config& c) {
                 << std::setprecision(2) << std::setw(11) << v[0];
       if (world == 1) std::cout << std::setw(11) << plain << std::setw(9) << v[0] / plain << "x";
       else std::cout << std::setw(11) << "" << std::setw(10) << "";
-      std::cout << std::setw(10) << std::setprecision(0) << (world > 1 ? -v[1] * 100 : 0) << "%" << std::defaultfloat
-                << "\n";
+      std::cout << std::setw(10) << std::setprecision(0) << (world > 1 ? -v[1] * 100 : 0) << "%" << std::setw(12)
+                << std::setprecision(1) << v[2] / 1024 << std::defaultfloat << "\n";
       const std::string key = name + "_" + std::to_string(world) + "ranks_";
       json.add(key + "ddp_step_ms", v[0]);
       if (world == 1) json.add(key + "plain_step_ms", plain);
       json.add(key + "hidden_fraction", -v[1]);
+      json.add(key + "optimizer_state_bytes", v[2]);
     }
   }
   if (rank == 0 && !c.json.empty()) json.write(c.json + "." + std::to_string(world) + "ranks");
@@ -196,13 +223,17 @@ int main(int argc, char** argv) {
     else if (a == "--bucket-mb") c.bucket_mb = std::stod(next());
     else if (a == "--sync-bn") c.sync_bn = true;
     else if (a == "--comm-hook") c.comm_hook = next();
+    else if (a == "--optimizer") c.optimizer = next();
+    else if (a == "--zero") c.zero = true;
     else if (a == "--help" || a == "-h") {
       std::cout << "usage: ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N] [--ranks 1,2,4] "
-                   "[--bucket-mb MB] [--sync-bn] [--comm-hook allreduce|fp16|bf16] [--json FILE]\n";
+                   "[--bucket-mb MB] [--sync-bn] [--comm-hook allreduce|fp16|bf16] [--optimizer sgd|adam] [--zero] "
+                   "[--json FILE]\n";
       return 0;
     } else {
       std::cerr << "ddp_overhead: unknown argument " << a
-                << " (expected --model, --batch, --steps, --ranks, --bucket-mb, --sync-bn, --comm-hook, --json)\n";
+                << " (expected --model, --batch, --steps, --ranks, --bucket-mb, --sync-bn, --comm-hook, --optimizer, "
+                   "--zero, --json)\n";
       return 2;
     }
   }
@@ -212,14 +243,21 @@ int main(int argc, char** argv) {
   }
   try {
     parallel::comm_hook_named(c.comm_hook);  // an unknown name fails here, once
+    if (c.optimizer != "sgd" && c.optimizer != "adam") {
+      std::cerr << "ddp_overhead: --optimizer " << c.optimizer << ": expected sgd or adam\n";
+      return 2;
+    }
     if (parallel::launched_as_rank()) return run_rank(c);
     std::cout << "# ddp_overhead: DDP (Gloo, CPU ranks as processes on this machine), batch " << c.batch
               << " per rank, buckets of " << c.bucket_mb << " MB" << (c.sync_bn ? ", SyncBatchNorm" : "")
               << (c.comm_hook != "allreduce" ? ", " + c.comm_hook + " compression hook" : "")
+              << ", " << (c.optimizer == "adam" ? "Adam" : "SGD with momentum")
+              << (c.zero ? " sharded by ZeroRedundancyOptimizer" : "")
               << ", median of " << c.steps << " steps; " << num_threads()
               << " CPU threads shared by the ranks\n"
-              << "# model    ranks   ddp step   plain step    ratio    hidden\n"
-              << "#                     (ms)        (ms)              (all-reduce inside backward)" << std::endl;
+              << "# model    ranks   ddp step   plain step    ratio    hidden   opt state\n"
+              << "#                     (ms)        (ms)              (all-reduce     (KB, most\n"
+              << "#                                                   in backward)    on a rank)" << std::endl;
     int failed = 0;
     std::stringstream list(c.ranks);
     std::string item;
@@ -237,7 +275,8 @@ int main(int argc, char** argv) {
                                                              " --steps " + std::to_string(c.steps) + " --ranks " +
                                                              c.ranks + " --threads " + std::to_string(num_threads()) +
                                                              " --bucket-mb " + std::to_string(c.bucket_mb) +
-                                                             " --comm-hook " + c.comm_hook);
+                                                             " --comm-hook " + c.comm_hook + " --optimizer " +
+                                                             c.optimizer + (c.zero ? " --zero" : ""));
     if (torch.empty()) {
       std::cout << "# PyTorch reference not run (no python3 with torch; tools/install-deps --bench)\n";
     } else {

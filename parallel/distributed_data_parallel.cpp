@@ -9,23 +9,20 @@
 #include "core/trace.h"
 #include "kernels/shape_ops.h"
 #include "parallel/distributed.h"
+#include "parallel/text_collectives.h"
 
 namespace weft::parallel {
 
 namespace {
 
-std::vector<std::string> lines_of(const std::string& text) {
+std::vector<std::string> describe(const nn::NamedTensors& named, const char* kind) {
   std::vector<std::string> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(line);
+  for (const auto& [name, t] : named) {
+    std::ostringstream line;
+    line << kind << " '" << name << "' is " << t.dtype() << " " << t.shape();
+    out.push_back(line.str());
+  }
   return out;
-}
-
-std::string describe(const nn::NamedTensors& named, const char* kind) {
-  std::ostringstream out;
-  for (const auto& [name, t] : named) out << kind << " '" << name << "' is " << t.dtype() << " " << t.shape() << "\n";
-  return out.str();
 }
 
 }  // namespace
@@ -66,39 +63,14 @@ Reducer& DistributedDataParallel::reducer() const {
 }
 
 void DistributedDataParallel::check_same_parameters_on_every_rank() const {
-  const std::string mine = describe(module().named_parameters(), "parameter") +
-                           describe(module().named_buffers(), "buffer");
-  // Every rank's description, padded to the longest, all-gathered (on the parameters'
-  // device: the nccl backend takes CUDA tensors only).
+  std::vector<std::string> mine = describe(module().named_parameters(), "parameter");
+  for (std::string& line : describe(module().named_buffers(), "buffer")) mine.push_back(std::move(line));
+  // On the parameters' device: the nccl backend takes CUDA tensors only.
   const auto params = module().parameters();
   const Device device = params.empty() ? kCPU : params.front().device();
-  Tensor length = tensor(std::vector<int64_t>{static_cast<int64_t>(mine.size())}).to(device);
-  group_->all_reduce(length, ReduceOp::Max)->wait();
-  const int64_t longest = length.item<int64_t>();
-  std::vector<uint8_t> bytes(static_cast<size_t>(longest), 0);
-  std::copy(mine.begin(), mine.end(), bytes.begin());
-  Tensor local = tensor(bytes, Shape{longest}).to(device);
-  std::vector<Tensor> all;
-  for (int r = 0; r < group_->size(); ++r) all.push_back(zeros({longest}, TensorOptions(DType::UInt8, device)));
-  if (longest > 0) group_->all_gather(all, local)->wait();
-  std::vector<std::vector<std::string>> ranks;
-  for (const Tensor& t : all) {
-    std::string text;
-    for (uint8_t v : t.to_vector<uint8_t>())
-      if (v != 0) text += static_cast<char>(v);
-    ranks.push_back(lines_of(text));
-  }
-  for (size_t r = 1; r < ranks.size(); ++r) {
-    const auto& a = ranks[0];
-    const auto& b = ranks[r];
-    for (size_t k = 0; k < std::max(a.size(), b.size()); ++k) {
-      if (k < a.size() && k < b.size() && a[k] == b[k]) continue;
-      WEFT_FAIL("DistributedDataParallel: the ranks' models differ: on rank 0, ",
-                k < a.size() ? a[k] : std::string("there is nothing more"), "; on rank ", r, ", ",
-                k < b.size() ? b[k] : std::string("there is nothing more"),
-                " (every rank must build the same model before wrapping it)");
-    }
-  }
+  if (auto difference = first_difference_across_ranks(*group_, mine, device))
+    WEFT_FAIL("DistributedDataParallel: the ranks' models differ: ", *difference,
+              " (every rank must build the same model before wrapping it)");
 }
 
 void DistributedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& tensors) const {

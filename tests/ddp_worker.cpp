@@ -1,6 +1,7 @@
 // One rank of the DistributedDataParallel tests (tests/test_ddp.cpp starts several; the
 // SyncBatchNorm and TrainLoop scenarios are in tests/ddp_worker_training.cpp, the
-// communication hooks' in tests/ddp_worker_hooks.cpp):
+// communication hooks' in tests/ddp_worker_hooks.cpp, ZeroRedundancyOptimizer's in
+// tests/ddp_worker_zero.cpp):
 //
 //   ddp_worker SCENARIO [ARGS]     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
 //
@@ -230,6 +231,9 @@ int main(int argc, char** argv) {
     if (scenario == "comm_hook") return scenario_comm_hook(arg1, arg2 == "views");
     if (scenario == "sync_bn") return scenario_sync_bn(arg1);
     if (scenario == "sync_bn_uneven") return scenario_sync_bn_uneven();
+    if (scenario == "zero") return scenario_zero(arg1, arg2);
+    if (scenario == "zero_checkpoint") return scenario_zero_checkpoint(arg1);
+    if (scenario == "zero_mismatch") return scenario_zero_mismatch();
     if (scenario == "elastic" && argc > 4)
       return scenario_elastic(arg1, arg2, argv[4], argc > 5 ? std::stoi(argv[5]) : 0);
   } catch (const std::exception& e) {

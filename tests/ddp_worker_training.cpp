@@ -233,7 +233,7 @@ int scenario_elastic(const std::string& phase, const std::string& optimizer, con
     return randperm(kElasticSamples, DType::Int64, &gen).to_vector<int64_t>();
   };
   std::vector<double> loss_means;
-  ElasticSetup ref = elastic_setup(optimizer), unchanged = elastic_setup(optimizer);
+  ElasticSetup ref = elastic_setup(unsharded(optimizer)), unchanged = elastic_setup(unsharded(optimizer));
   double ignored_sum = 0, ignored_batches = 0;
   for (int epoch = 0; epoch < 2; ++epoch) {
     double loss_sum = 0, batches = 0;

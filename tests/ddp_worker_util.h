@@ -1,6 +1,6 @@
-// What the scenarios of ddp_worker (tests/ddp_worker.cpp, tests/ddp_worker_training.cpp)
-// share: failure reporting, the models, optimizers and batches every rank can rebuild, and
-// the comparison of a replica's tensors with the single-process reference's.
+// What the scenarios of ddp_worker (tests/ddp_worker*.cpp) share: failure reporting, the
+// models, optimizers and batches every rank can rebuild, and the comparison of a replica's
+// tensors with the single-process reference's.
 #pragma once
 
 #include <cmath>
@@ -31,6 +31,7 @@ inline std::shared_ptr<nn::Module> make_model(const std::string& name) {
   std::shared_ptr<nn::Module> m;
   if (name == "convnet") m = std::make_shared<nn::ConvNet>(10, &gen);
   else if (name == "resnet") m = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &gen);
+  else if (name == "linear") m = std::make_shared<nn::Linear>(20, 10, true, TensorOptions{}, &gen);  // 2 parameters
   else m = std::make_shared<nn::MLP>(20, std::vector<int64_t>{16, 12}, 10, 0.0, &gen);
   m->to(DType::Float64);
   m->to(device());
@@ -39,13 +40,22 @@ inline std::shared_ptr<nn::Module> make_model(const std::string& name) {
 }
 
 inline Shape sample_shape(const std::string& model) {
-  return model == "mlp" ? Shape{20} : model == "resnet" ? Shape{1, 12, 12} : Shape{1, 28, 28};
+  return model == "mlp" || model == "linear" ? Shape{20} : model == "resnet" ? Shape{1, 12, 12} : Shape{1, 28, 28};
 }
 
+// "sgd" (with momentum) or "adam"; "zero-sgd" and "zero-adam": the same sharded over the
+// default group by a ZeroRedundancyOptimizer (every rank must make it at the same point).
 inline std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& name, const std::vector<Tensor>& params) {
+  if (name.rfind("zero-", 0) == 0) {
+    const std::string plain = name.substr(5);
+    return std::make_shared<parallel::ZeroRedundancyOptimizer>(
+        params, [plain](std::vector<Tensor> shard) { return make_optimizer(plain, shard); });
+  }
   if (name == "adam") return std::make_shared<optim::Adam>(params, optim::AdamOptions{0.01});
   return std::make_shared<optim::SGD>(params, optim::SGDOptions{0.05, 0.9});
 }
+// The optimizer a single-process reference uses for `name`: without "zero-".
+inline std::string unsharded(const std::string& name) { return name.rfind("zero-", 0) == 0 ? name.substr(5) : name; }
 
 // The global batch of step s: ranks * per_rank samples.
 inline std::pair<Tensor, Tensor> batch(int step, int64_t rows, const Shape& sample) {
@@ -93,5 +103,9 @@ int scenario_sync_bn(const std::string& optimizer);
 int scenario_sync_bn_uneven();
 int scenario_elastic(const std::string& phase, const std::string& optimizer, const std::string& checkpoint,
                      int ranks_before);
+// tests/ddp_worker_zero.cpp: ZeroRedundancyOptimizer under DDP.
+int scenario_zero(const std::string& model, const std::string& optimizer);
+int scenario_zero_checkpoint(const std::string& optimizer);
+int scenario_zero_mismatch();
 
 }  // namespace weft::ddp_worker

@@ -1,10 +1,10 @@
 // The nccl backend across processes (CUDA suite: skipped without a GPU): the same workers as
 // test_process_group, test_ddp and test_pipeline, with WEFT_TEST_BACKEND=nccl, so every
 // collective, reduce op and dtype, the ring all-reduce over NCCL's sends and receives, a dead
-// peer, DDP's (a TrainLoop resumed on another world size too, SyncBatchNorm) and a
-// multi-process pipeline's equivalence with one process are checked on CUDA tensors. With
-// fewer GPUs than ranks the ranks share them, each with its own NCCL_HOSTID and NCCL over
-// sockets on loopback (what weft-run sets up; DESIGN.md, pitfalls).
+// peer, DDP's (a TrainLoop resumed on another world size too, SyncBatchNorm,
+// ZeroRedundancyOptimizer) and a multi-process pipeline's equivalence with one process are
+// checked on CUDA tensors. With fewer GPUs than ranks the ranks share them, each with its own
+// NCCL_HOSTID and NCCL over sockets on loopback (what weft-run sets up; DESIGN.md, pitfalls).
 #include "test_util.h"
 
 #include <filesystem>
@@ -90,6 +90,16 @@ TEST_CASE("nccl: the fp16 and bf16 compression hooks round each gradient as they
     for (int world : {2, 3})
       test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "comm_hook", hook}, nccl_rank_envs(world),
                                              std::chrono::seconds(240)));
+}
+
+TEST_CASE("nccl: ZeroRedundancyOptimizer on CUDA ranks equals the plain optimizer; its state consolidates exactly") {
+  if (skip_without_nccl()) return;
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "zero", "convnet", "adam"}, nccl_rank_envs(2),
+                                         std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "zero", "linear", "sgd"}, nccl_rank_envs(3),
+                                         std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "zero_checkpoint", "adam"}, nccl_rank_envs(3),
+                                         std::chrono::seconds(240)));
 }
 
 TEST_CASE("nccl: SyncBatchNorm on CUDA ranks equals BatchNorm2d on the whole batch") {

@@ -16,9 +16,9 @@
 #include "parallel/comm_hooks.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
-#include "parallel/file_store.h"
 #include "parallel/process_group_gloo.h"
 #include "parallel/sync_batch_norm.h"
+#include "gloo_suite.h"
 #include "spawn_ranks.h"
 #include "train/distributed_strategy.h"
 
@@ -29,26 +29,11 @@ namespace {
 
 const std::string worker = WEFT_DDP_WORKER;
 
-bool skip_without_gloo() {
-  if (parallel::gloo_available()) return false;
-  MESSAGE("skipped: weft was built without Gloo");
-  return true;
-}
-
-// A group of one process, through a store file of its own.
-std::shared_ptr<parallel::ProcessGroup> solo_group() {
-  const auto path = std::filesystem::temp_directory_path() / ("weft_ddp_solo_" + std::to_string(::getpid()) + "_" +
-                                                              std::to_string(std::rand()));
-  auto store = std::make_shared<parallel::FileStore>(path.string(), std::chrono::seconds(10));
-  auto group = parallel::new_group_from_store("gloo", store, 0, 1, std::chrono::seconds(10));
-  std::filesystem::remove(path);
-  return group;
-}
 
 }  // namespace
 
 TEST_CASE("DDP over 2 and 3 ranks equals one process on the whole batch: MLP, ConvNet, ResNet, SGD and Adam") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   for (int world : {2, 3}) {
     CAPTURE(world);
     test::check_all_ok(test::run_ranks({worker, "equivalence", "mlp", "sgd"}, world, std::chrono::seconds(120)));
@@ -60,7 +45,7 @@ TEST_CASE("DDP over 2 and 3 ranks equals one process on the whole batch: MLP, Co
 }
 
 TEST_CASE("DDP communication hooks: fp16 and bf16 compression round each gradient as they say, and still train") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   // Two ranks: each averaged gradient is exactly round(c_0 + c_1); three: within the roundings' bound.
   for (int world : {2, 3}) {
     CAPTURE(world);
@@ -101,12 +86,12 @@ TEST_CASE("comm_hook_named and then(): the continuation runs once, after the wor
 }
 
 TEST_CASE("DDP: no_sync accumulates locally; the next synchronised backward reduces the sum") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   test::check_all_ok(test::run_ranks({worker, "no_sync"}, 3, std::chrono::seconds(120)));
 }
 
 TEST_CASE("DDP: unused parameters work with find_unused_parameters and are named without it") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   test::check_all_ok(test::run_ranks({worker, "unused", "find"}, 2, std::chrono::seconds(60)));
   auto outcomes = test::run_ranks({worker, "unused", "strict"}, 2, std::chrono::seconds(60));
   test::check_all_ok(outcomes);
@@ -118,13 +103,13 @@ TEST_CASE("DDP: unused parameters work with find_unused_parameters and are named
 }
 
 TEST_CASE("DDP: find_unused_parameters with parameters used on some ranks, under no_sync only, or on none") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   test::check_all_ok(test::run_ranks({worker, "partial_use"}, 2, std::chrono::seconds(60)));
   test::check_all_ok(test::run_ranks({worker, "partial_use"}, 3, std::chrono::seconds(60)));
 }
 
 TEST_CASE("DDP: different models on different ranks fail on every rank, naming the parameter and the ranks") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   auto outcomes = test::run_ranks({worker, "mismatch"}, 3, std::chrono::seconds(60));
   test::check_all_ok(outcomes);
   for (const auto& o : outcomes)
@@ -134,18 +119,18 @@ TEST_CASE("DDP: different models on different ranks fail on every rank, naming t
 }
 
 TEST_CASE("DDP: every replica starts from rank 0's weights") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   test::check_all_ok(test::run_ranks({worker, "broadcast"}, 3, std::chrono::seconds(60)));
 }
 
 TEST_CASE("SyncBatchNorm: DDP in training mode equals one process with BatchNorm2d on the whole batch") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   test::check_all_ok(test::run_ranks({worker, "sync_bn", "sgd"}, 2, std::chrono::seconds(180)));
   test::check_all_ok(test::run_ranks({worker, "sync_bn", "adam"}, 3, std::chrono::seconds(180)));
 }
 
 TEST_CASE("SyncBatchNorm: ranks with different numbers of samples, one with none, equal one BatchNorm2d") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   for (int world : {2, 3, 4}) {
     CAPTURE(world);
     test::check_all_ok(test::run_ranks({worker, "sync_bn_uneven"}, world, std::chrono::seconds(60)));
@@ -153,10 +138,13 @@ TEST_CASE("SyncBatchNorm: ranks with different numbers of samples, one with none
 }
 
 TEST_CASE("a ddp TrainLoop resumed mid-epoch on another world size equals one process on the same positions") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   // Note [Elastic resume equivalence] in tests/ddp_worker_training.cpp: growing and
-  // shrinking, with padding (100 samples) and a short last step, SGD with momentum and Adam.
-  const std::vector<std::tuple<int, int, std::string>> cases = {{2, 3, "sgd"}, {3, 2, "adam"}, {2, 1, "sgd"}};
+  // shrinking, with padding (100 samples) and a short last step, SGD with momentum and Adam,
+  // plain and sharded by a ZeroRedundancyOptimizer (the loop consolidates its state on rank 0
+  // for each checkpoint; each rank of the resumed job loads its new shard).
+  const std::vector<std::tuple<int, int, std::string>> cases = {
+      {2, 3, "sgd"}, {3, 2, "adam"}, {2, 1, "sgd"}, {2, 3, "zero-adam"}, {3, 1, "zero-sgd"}};
   for (const auto& entry : cases) {
     const int before = std::get<0>(entry), after = std::get<1>(entry);
     const std::string& optimizer = std::get<2>(entry);
@@ -208,7 +196,7 @@ TEST_CASE("SyncBatchNorm::convert keeps names, tensors and modes; without peers 
   for (bool solo : {false, true}) {
     CAPTURE(solo);
     auto layer = parallel::SyncBatchNorm::convert(std::make_shared<nn::BatchNorm2d>(3),
-                                                  solo && parallel::gloo_available() ? solo_group() : nullptr);
+                                                  solo && parallel::gloo_available() ? test::solo_group() : nullptr);
     auto reference = std::make_shared<nn::BatchNorm2d>(3);
     Tensor x = randn({4, 3, 2, 2}, DType::Float32, &gen);
     CHECK(layer->forward(x).to_vector<float>() == reference->forward(x).to_vector<float>());
@@ -219,7 +207,7 @@ TEST_CASE("SyncBatchNorm::convert keeps names, tensors and modes; without peers 
 }
 
 TEST_CASE("the TrainLoop's ddp strategy converts BatchNorm2d layers when asked") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   const auto path = std::filesystem::temp_directory_path() / ("weft_ddp_strategy_" + std::to_string(::getpid()));
   parallel::init_process_group("gloo", {.init_method = "file://" + path.string(), .rank = 0, .world_size = 1,
                                         .timeout = std::chrono::seconds(10)});
@@ -256,8 +244,8 @@ TEST_CASE("assign_buckets: readiness order, one dtype and device per bucket, a s
 }
 
 TEST_CASE("Reducer: buckets start in reverse registration order and are rebuilt in the order gradients arrived") {
-  if (skip_without_gloo()) return;
-  auto group = solo_group();
+  if (test::skip_without_gloo()) return;
+  auto group = test::solo_group();
   Generator gen(9);
   auto model = std::make_shared<nn::MLP>(6, std::vector<int64_t>{5}, 4, 0.0, &gen);
   parallel::DDPOptions options;

@@ -9,6 +9,7 @@
 
 #include "parallel/launch_env.h"
 #include "parallel/process_group_gloo.h"
+#include "gloo_suite.h"
 #include "spawn_ranks.h"
 
 using namespace weft;
@@ -18,16 +19,10 @@ namespace {
 
 const std::string worker = WEFT_PROCESS_GROUP_WORKER;
 
-bool skip_without_gloo() {
-  if (parallel::gloo_available()) return false;
-  MESSAGE("skipped: weft was built without Gloo");
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("every collective, reduce op and dtype, at world sizes 1 to 4, with sub-groups") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   for (int world : {1, 2, 3, 4}) {
     CAPTURE(world);
     test::check_all_ok(test::run_ranks({worker, "collectives"}, world, std::chrono::seconds(90)));
@@ -35,7 +30,7 @@ TEST_CASE("every collective, reduce op and dtype, at world sizes 1 to 4, with su
 }
 
 TEST_CASE("the ring all-reduce equals Gloo's at world sizes 2, 3 and 4; WEFT_ALL_REDUCE=ring selects it") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   for (int world : {2, 3, 4}) {
     CAPTURE(world);
     test::check_all_ok(test::run_ranks({worker, "ring"}, world, std::chrono::seconds(120)));
@@ -44,7 +39,7 @@ TEST_CASE("the ring all-reduce equals Gloo's at world sizes 2, 3 and 4; WEFT_ALL
 }
 
 TEST_CASE("env:// reads torchrun's, Slurm's and Open MPI's variables") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   const int slurm_port = test::free_port(), ompi_port = test::free_port();
   std::vector<std::map<std::string, std::string>> slurm, ompi;
   for (int r = 0; r < 2; ++r) {
@@ -68,7 +63,7 @@ TEST_CASE("env:// reads torchrun's, Slurm's and Open MPI's variables") {
 }
 
 TEST_CASE("a real mpirun -np 2 on loopback") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   if (std::system("command -v mpirun > /dev/null 2>&1") != 0) {
     MESSAGE("skipped: mpirun not found (Debian's openmpi-bin; tools/install-deps installs it)");
     return;
@@ -88,7 +83,7 @@ TEST_CASE("a real mpirun -np 2 on loopback") {
 }
 
 TEST_CASE("a rank that never arrives is named; a peer that dies fails the others' collective") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   const int port = test::free_port();
   std::vector<std::map<std::string, std::string>> two_of_three;
   for (int r = 0; r < 2; ++r) two_of_three.push_back(test::torchrun_env(r, 3, port));
@@ -102,7 +97,7 @@ TEST_CASE("a rank that never arrives is named; a peer that dies fails the others
 }
 
 TEST_CASE("WEFT_DISTRIBUTED_DEBUG=1: mismatched collectives fail on every rank, naming both calls") {
-  if (skip_without_gloo()) return;
+  if (test::skip_without_gloo()) return;
   auto outcomes = test::run_ranks({worker, "mismatch"}, 3, std::chrono::seconds(30), {{"WEFT_DISTRIBUTED_DEBUG", "1"}});
   test::check_all_ok(outcomes);
   for (const auto& o : outcomes)

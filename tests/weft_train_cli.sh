@@ -187,6 +187,13 @@ ddp=(--mode ddp --nproc 2 --master-port "$(free_port)")
 exact_accuracy=$(value "$dir/ddp_straight.json" test_accuracy) bf16_accuracy=$(value "$dir/ddp_bf16.json" test_accuracy)
 awk -v a="$exact_accuracy" -v b="$bf16_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02) }' ||
   { echo "FAIL: --comm-hook bf16 accuracy $bf16_accuracy is not within 0.02 of $exact_accuracy"; exit 1; }
+# --zero: each rank keeps the optimizer state of its share of the parameters only; the weights
+# and the state consolidated for the checkpoints are the plain run's, so the files are the same
+# bytes.
+"$train" "${common[@]}" "${ddp[@]}" --epochs 2 --zero --checkpoint "$dir/ddp_zero.st" > "$dir/ddp_zero.log" 2>&1 ||
+  { echo "FAIL: ddp --zero:"; cat "$dir/ddp_zero.log"; exit 1; }
+grep -q "(state sharded: --zero)" "$dir/ddp_zero.log" || { echo "FAIL: ddp --zero:"; cat "$dir/ddp_zero.log"; exit 1; }
+cmp "$dir/ddp_straight.st" "$dir/ddp_zero.st" || { echo "FAIL: ddp --zero ends elsewhere than plain ddp"; exit 1; }
 "$train" "${common[@]}" "${ddp[@]}" --epochs 1 --checkpoint "$dir/ddp_resumed.st" > /dev/null 2>&1
 "$train" "${common[@]}" "${ddp[@]}" --epochs 2 --resume "$dir/ddp_resumed.st" --checkpoint "$dir/ddp_resumed.st" \
   --checkpoint-every 5 > "$dir/ddp_resume.log" 2>&1 &
@@ -211,6 +218,7 @@ expect_failure "--mode ddp runs one process per device" --data synthetic --mode 
 expect_failure "--sync-bn is for --mode ddp" --data synthetic --model resnet --sync-bn
 expect_failure "--comm-hook is for --mode ddp" --data synthetic --comm-hook fp16
 expect_failure "--comm-hook: powersgd not in" --data synthetic --mode ddp --comm-hook powersgd
+expect_failure "--zero is for --mode ddp" --data synthetic --zero
 
 # An elastic worker resumes from its --checkpoint by itself, with another world size: one
 # process is killed just after a mid-epoch checkpoint, then 2 ddp ranks finish that epoch.

@@ -99,6 +99,9 @@ void TrainLoop::check_finite_loss(double loss, int epoch, const std::string& whe
 
 void TrainLoop::checkpoint_point() {
   if (options_.checkpoint_path.empty()) return;
+  // A sharded optimizer (parallel::ZeroRedundancyOptimizer) gathers its state on the main
+  // process, rank 0, which alone writes; every other optimizer has nothing to do here.
+  optimizer_->consolidate_state_dict(0);
   if (strategy_->is_main_process()) save_checkpoint(options_.checkpoint_path);
   strategy_->barrier();
   for (auto& cb : callbacks_) cb->on_checkpoint(*this);

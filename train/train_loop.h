@@ -125,7 +125,9 @@ class TrainLoop {
 
   // Refuses (throws, leaving `path` as it was) when a weight is NaN or infinite. Records the
   // position of the last checkpoint point: called by hand in the middle of an epoch it would
-  // pair the current weights with an older position (use options.checkpoint_every).
+  // pair the current weights with an older position (use options.checkpoint_every). With a
+  // sharded optimizer (parallel::ZeroRedundancyOptimizer), every rank must have called
+  // optimizer().consolidate_state_dict() first, as the loop's own checkpoints do.
   void save_checkpoint(const std::string& path) const;
   // Loads a checkpoint (this loop's scheduler, if any, must match the one saved; its metadata
   // is checked before anything changes). The next fit() goes on from its point.

@@ -2,9 +2,11 @@
 
 For each world size, spawns that many processes (torch.multiprocessing, Gloo over
 loopback); each trains the model with DDP on its own batch and reports the median step; at
-world size 1 the plain model is timed too. Writes a flat JSON of milliseconds:
-<model>_<n>ranks_ddp_step_ms and <model>_1ranks_plain_step_ms. --comm-hook fp16 registers
-PyTorch's fp16_compress_hook (its Gloo has no bfloat16).
+world size 1 the plain model is timed too. Writes a flat JSON: <model>_<n>ranks_ddp_step_ms
+and <model>_1ranks_plain_step_ms (milliseconds), <model>_<n>ranks_optimizer_state_bytes (the
+optimizer state of the rank that keeps the most). --comm-hook fp16 registers PyTorch's
+fp16_compress_hook (its Gloo has no bfloat16). --optimizer sgd (with momentum) or adam;
+--zero wraps it in torch.distributed.optim.ZeroRedundancyOptimizer.
 
     python3 bench/reference/ddp_overhead.py --model all --batch 64 --steps 15 --ranks 1,2,4 --json out.json
 """
@@ -22,20 +24,35 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dp_overhead import ResNet  # noqa: E402  (weft's nn::ResNet(1, 10, {1, 1, 1}))
 from train_convnet import ConvNet  # noqa: E402
 
 
-def median_step(model, x, y, steps):
-    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+def make_optimizer(params, args, shard):
+    kind, options = (torch.optim.Adam, {"lr": 0.001}) if args.optimizer == "adam" else (
+        torch.optim.SGD, {"lr": 0.01, "momentum": 0.9})
+    if shard:
+        return ZeroRedundancyOptimizer(params, optimizer_class=kind, **options)
+    return kind(params, **options)
+
+
+def state_bytes(optimizer):
+    """The bytes of state tensors this rank keeps (a sharded optimizer: its shard's)."""
+    own = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return sum(t.numel() * t.element_size() for state in own.state.values() for t in state.values()
+               if torch.is_tensor(t) and t.dim() > 0)
+
+
+def median_step(model, optimizer, x, y, steps):
     times = []
     for i in range(3 + steps):
         start = time.perf_counter()
-        sgd.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
-        sgd.step()
+        optimizer.step()
         if i >= 3:
             times.append((time.perf_counter() - start) * 1000)
     return statistics.median(times)
@@ -54,7 +71,9 @@ def rank_main(rank, world, port, args, out_path):
         x = torch.randn(args.batch, 1, 28, 28)
         y = torch.randint(0, 10, (args.batch,))
         if world == 1:
-            results[f"{name}_1ranks_plain_step_ms"] = median_step(make(), x, y, args.steps)
+            plain = make()
+            results[f"{name}_1ranks_plain_step_ms"] = median_step(
+                plain, make_optimizer(plain.parameters(), args, False), x, y, args.steps)
         # PyTorch's first bucket takes its cap from this module constant (1 MiB), not from
         # bucket_cap_mb (its own tests set it the same way); weft's benchmark caps every
         # bucket, the first included, at --bucket-mb, so both split the gradients alike.
@@ -62,9 +81,12 @@ def rank_main(rank, world, port, args, out_path):
         ddp = torch.nn.parallel.DistributedDataParallel(make(), bucket_cap_mb=args.bucket_mb)
         if args.comm_hook == "fp16":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        step = torch.tensor([median_step(ddp, x, y, args.steps)])
-        dist.all_reduce(step, op=dist.ReduceOp.MAX)
-        results[f"{name}_{world}ranks_ddp_step_ms"] = step.item()
+        optimizer = make_optimizer(ddp.parameters(), args, args.zero)
+        stats = torch.tensor([median_step(ddp, optimizer, x, y, args.steps), state_bytes(optimizer)],
+                             dtype=torch.float64)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        results[f"{name}_{world}ranks_ddp_step_ms"] = stats[0].item()
+        results[f"{name}_{world}ranks_optimizer_state_bytes"] = stats[1].item()
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
@@ -86,6 +108,8 @@ def main():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--comm-hook", default="allreduce", choices=["allreduce", "fp16"])
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    p.add_argument("--zero", action="store_true")
     p.add_argument("--json", default="")
     args = p.parse_args()
     out = {}

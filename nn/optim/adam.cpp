@@ -18,8 +18,8 @@ AdamOptions to_adam(const AdamWOptions& o) { return {o.lr, o.betas, o.eps, o.wei
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& options) : Adam("Adam", std::move(params), options, false) {}
 
 Adam::Adam(std::string name, std::vector<Tensor> params, const AdamOptions& options, bool decoupled_weight_decay)
-    : Optimizer(std::move(name), std::move(params), options.lr, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
-                /*counts_steps=*/true),
+    : MultiTensorOptimizer(std::move(name), std::move(params), options.lr, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
+                           /*counts_steps=*/true),
       options_(options),
       decoupled_weight_decay_(decoupled_weight_decay) {
   check(options_);

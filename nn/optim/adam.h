@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "nn/optim/optimizer.h"
+#include "nn/optim/multi_tensor_optimizer.h"
 
 namespace weft::optim {
 
@@ -41,7 +41,7 @@ struct AdamWOptions {
       : lr(lr_), betas(betas_), eps(eps_), weight_decay(weight_decay_), amsgrad(amsgrad_), maximize(maximize_) {}
 };
 
-class Adam : public Optimizer {
+class Adam : public MultiTensorOptimizer {
  public:
   Adam(std::vector<Tensor> params, const AdamOptions& options);
 

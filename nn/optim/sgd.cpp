@@ -6,7 +6,8 @@
 namespace weft::optim {
 
 SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
-    : Optimizer("SGD", std::move(params), options.lr, {"momentum_buffer"}, /*counts_steps=*/false), options_(options) {
+    : MultiTensorOptimizer("SGD", std::move(params), options.lr, {"momentum_buffer"}, /*counts_steps=*/false),
+      options_(options) {
   check(options_);
 }
 

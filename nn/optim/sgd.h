@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/optim/optimizer.h"
+#include "nn/optim/multi_tensor_optimizer.h"
 
 namespace weft::optim {
 
@@ -23,7 +23,7 @@ struct SGDOptions {
   bool maximize = false;
 };
 
-class SGD : public Optimizer {
+class SGD : public MultiTensorOptimizer {
  public:
   SGD(std::vector<Tensor> params, const SGDOptions& options);
 

@@ -1,0 +1,346 @@
+// ZeroRedundancyOptimizer: the partition, the step's broadcasts, and the state moved between
+// shard numbering (a shard optimizer's parameter k) and global numbering (params()[i]).
+#include "parallel/zero_redundancy_optimizer.h"
+
+#include <algorithm>
+#include <charconv>
+#include <numeric>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/trace.h"
+#include "parallel/collective_support.h"
+#include "parallel/distributed.h"
+#include "parallel/text_collectives.h"
+
+namespace weft::parallel {
+
+namespace {
+
+constexpr const char* kWho = "ZeroRedundancyOptimizer";
+
+// PyTorch's partition: largest parameters first, each to the rank with the fewest elements.
+std::vector<int> partition(const std::vector<Tensor>& params, int ranks) {
+  std::vector<size_t> order(params.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
+  std::vector<int64_t> sizes(static_cast<size_t>(ranks), 0);
+  std::vector<int> owner(params.size());
+  for (size_t i : order) {
+    const int r = static_cast<int>(std::min_element(sizes.begin(), sizes.end()) - sizes.begin());
+    owner[i] = r;
+    sizes[static_cast<size_t>(r)] += params[i].numel();
+  }
+  return owner;
+}
+
+// "12.exp_avg" -> {12, "exp_avg"}; a key without a leading index -> nullopt.
+std::optional<std::pair<size_t, std::string>> split_index(const std::string& key) {
+  const size_t dot = key.find('.');
+  if (dot == 0 || dot == std::string::npos || dot > 9) return std::nullopt;
+  size_t index = 0;
+  auto [end, ec] = std::from_chars(key.data(), key.data() + dot, index);
+  if (ec != std::errc() || end != key.data() + dot) return std::nullopt;
+  return std::make_pair(index, key.substr(dot + 1));
+}
+
+// The scalars the wrapper keeps itself rather than its shard optimizer.
+bool is_wrapper_scalar(const std::string& key) {
+  return key == "lr" || key == "num_params" || key == "initial_lr";
+}
+
+std::string exact(double v) {
+  char buffer[40];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, v);
+  return std::string(buffer, end);
+}
+
+// One entry of a rank's state, as consolidate_state_dict() describes it to the others:
+//   "tensor <DType as a number> <d0,d1,...> <global key>"   or   "scalar <value> <global key>"
+struct Entry {
+  bool is_tensor = false;
+  DType dtype = DType::Float32;
+  Shape shape;
+  double value = 0;
+  std::string key;
+  int rank = 0;
+};
+
+std::string describe_entry(const std::string& key, const Tensor& t) {
+  std::ostringstream out;
+  out << "tensor " << static_cast<int>(t.dtype()) << " ";
+  if (t.dim() == 0) out << "-";
+  for (int64_t k = 0; k < t.dim(); ++k) out << (k ? "," : "") << t.shape()[k];
+  out << " " << key;
+  return out.str();
+}
+
+Entry parse_entry(const std::string& line, int rank) {
+  std::istringstream in(line);
+  std::string kind, first, second;
+  in >> kind >> first;
+  Entry e;
+  e.rank = rank;
+  if (kind == "tensor") {
+    in >> second;
+    e.is_tensor = true;
+    e.dtype = static_cast<DType>(std::stoi(first));
+    std::vector<int64_t> dims;
+    if (second != "-") {
+      std::istringstream d(second);
+      for (std::string part; std::getline(d, part, ',');) dims.push_back(std::stoll(part));
+    }
+    e.shape = Shape(dims);
+  } else {
+    WEFT_CHECK(kind == "scalar", kWho, ": malformed state description from rank ", rank, ": '", line, "'");
+    e.value = std::strtod(first.c_str(), nullptr);
+  }
+  in.get();  // the space before the key, which may itself hold spaces
+  std::getline(in, e.key);
+  return e;
+}
+
+}  // namespace
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, ShardOptimizerFactory make_shard_optimizer,
+                                                 std::shared_ptr<ProcessGroup> group)
+    : ZeroRedundancyOptimizer(Plan::make(std::move(params), std::move(make_shard_optimizer), std::move(group))) {}
+
+ZeroRedundancyOptimizer::Plan ZeroRedundancyOptimizer::Plan::make(std::vector<Tensor> params,
+                                                                  ShardOptimizerFactory make_shard_optimizer,
+                                                                  std::shared_ptr<ProcessGroup> group) {
+  WEFT_CHECK(make_shard_optimizer != nullptr, kWho, ": the shard optimizer factory is empty");
+  WEFT_CHECK(!params.empty(), kWho, ": got an empty parameter list");
+  Plan plan;
+  plan.group = group ? std::move(group) : default_group_ptr();
+  for (size_t i = 0; i < params.size(); ++i) {
+    WEFT_CHECK(params[i].defined(), kWho, ": parameter ", i, " is an undefined tensor");
+    WEFT_CHECK(params[i].device() == params[0].device(), kWho, ": parameter ", i, " is on ", params[i].device(),
+               " but parameter 0 is on ", params[0].device(), " (the parameters of a data-parallel replica share "
+               "one device)");
+  }
+  plan.device = params[0].device();
+  // Every rank must partition the same list, or the broadcasts of step() would pair
+  // different parameters (and hang or corrupt the weights).
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::ostringstream line;
+    line << "parameter " << i << " is " << params[i].dtype() << " " << params[i].shape();
+    lines.push_back(line.str());
+  }
+  if (auto difference = first_difference_across_ranks(*plan.group, lines, plan.device))
+    WEFT_FAIL(kWho, ": the ranks' parameters differ: ", *difference, " (every rank must give the same parameters, "
+              "in the same order)");
+
+  plan.owner = partition(params, plan.group->size());
+  std::vector<Tensor> shard;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (plan.owner[i] == plan.group->rank()) {
+      plan.owned.push_back(i);
+      shard.push_back(params[i]);
+    }
+  // A rank that owns nothing still learns the optimizer's name and rate, from one made over
+  // every parameter and dropped (optimizers make their state at their first step).
+  std::shared_ptr<optim::Optimizer> made = make_shard_optimizer(shard.empty() ? params : shard);
+  WEFT_CHECK(made != nullptr, kWho, ": the shard optimizer factory returned null");
+  const std::vector<Tensor>& expected = shard.empty() ? params : shard;
+  bool same = made->params().size() == expected.size();
+  for (size_t k = 0; same && k < expected.size(); ++k) same = made->params()[k].is_same(expected[k]);
+  WEFT_CHECK(same, kWho, ": the factory's ", made->name(), " optimizes other tensors than the shard it was given "
+             "(build it over the factory's argument)");
+  plan.name = std::string(kWho) + "(" + made->name() + ")";
+  plan.lr = made->lr();
+  if (!shard.empty()) plan.shard = std::move(made);
+  plan.params = std::move(params);
+  return plan;
+}
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Plan plan)
+    : Optimizer(std::move(plan.name), std::move(plan.params), plan.lr),
+      group_(std::move(plan.group)),
+      device_(plan.device),
+      owner_(std::move(plan.owner)),
+      owned_(std::move(plan.owned)),
+      shard_(std::move(plan.shard)) {}
+
+void ZeroRedundancyOptimizer::step() {
+  NoGradGuard no_grad;
+  if (shard_) {
+    shard_->set_lr(lr());  // schedulers set the wrapper's rate
+    shard_->step();
+  }
+  sync_params();
+  ++steps_;
+}
+
+// Every parameter from its owner: one broadcast per (owner, dtype) of the owner's parameters
+// flattened, all in flight at once, then copied into the replicas' parameters.
+void ZeroRedundancyOptimizer::sync_params() {
+  if (group_->size() == 1) return;
+  TraceSpan span("zero: broadcast parameters", device_);
+  struct Message {
+    std::vector<Tensor> params;
+    Tensor flat;
+    int root = 0;
+  };
+  std::vector<Message> messages;
+  for (int r = 0; r < group_->size(); ++r) {
+    std::vector<DType> dtypes;
+    for (size_t i = 0; i < params().size(); ++i)
+      if (owner_[i] == r && std::find(dtypes.begin(), dtypes.end(), params()[i].dtype()) == dtypes.end())
+        dtypes.push_back(params()[i].dtype());
+    for (DType dtype : dtypes) {
+      Message m;
+      m.root = r;
+      for (size_t i = 0; i < params().size(); ++i)
+        if (owner_[i] == r && params()[i].dtype() == dtype) m.params.push_back(params()[i]);
+      if (r == group_->rank()) {
+        m.flat = detail::flatten(m.params);
+      } else {
+        int64_t n = 0;
+        for (const Tensor& p : m.params) n += p.numel();
+        m.flat = empty({n}, TensorOptions(dtype, device_));
+      }
+      messages.push_back(std::move(m));
+    }
+  }
+  std::vector<std::shared_ptr<Work>> works;
+  for (const Message& m : messages) works.push_back(group_->broadcast(m.flat, m.root));
+  for (auto& w : works) w->wait();
+  for (const Message& m : messages)
+    if (m.root != group_->rank()) detail::unflatten_into(m.flat, m.params);
+}
+
+void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
+  detail::check_rank(to, group_->size(), "to", std::string(kWho) + ".consolidate_state_dict");
+  NoGradGuard no_grad;
+  TraceSpan span("zero: consolidate state", device_);
+  // 1. This rank's shard of the state, renamed to global indices and described to every rank.
+  optim::OptimizerState mine;
+  std::string description;
+  if (shard_) {
+    shard_->set_lr(lr());
+    mine = shard_->state_dict();
+    for (auto& [key, t] : mine.tensors) {
+      auto split = split_index(key);
+      WEFT_CHECK(split && split->first < owned_.size(), kWho, ": the ", shard_->name(), " shard's state tensor '", key,
+                 "' does not name one of its ", owned_.size(), " parameters");
+      key = std::to_string(owned_[split->first]) + "." + split->second;
+      description += describe_entry(key, t) + "\n";
+    }
+    for (const auto& [key, value] : mine.scalars) {
+      if (is_wrapper_scalar(key)) continue;
+      auto split = split_index(key);
+      const std::string global =
+          split && split->first < owned_.size() ? std::to_string(owned_[split->first]) + "." + split->second : key;
+      description += "scalar " + exact(value) + " " + global + "\n";
+    }
+  }
+  std::vector<Entry> tensors, scalars;
+  const std::vector<std::string> texts = all_gather_text(*group_, description, device_);
+  for (int r = 0; r < group_->size(); ++r) {
+    std::istringstream in(texts[static_cast<size_t>(r)]);
+    for (std::string line; std::getline(in, line);) {
+      Entry e = parse_entry(line, r);
+      (e.is_tensor ? tensors : scalars).push_back(std::move(e));
+    }
+  }
+  // 2. The tensors, in the order of their parameters (a plain optimizer's order), each
+  // sent by its owner to `to` alone and kept there on the CPU. Sends and receives follow
+  // one order on every rank and each is waited for, so the tags 0, 1, ... meet no other
+  // call's messages.
+  std::stable_sort(tensors.begin(), tensors.end(), [](const Entry& a, const Entry& b) {
+    return split_index(a.key)->first < split_index(b.key)->first;
+  });
+  optim::OptimizerState whole;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const Entry& e = tensors[k];
+    const int tag = static_cast<int>(k);
+    if (e.rank == group_->rank()) {
+      auto it = std::find_if(mine.tensors.begin(), mine.tensors.end(), [&](const auto& t) { return t.first == e.key; });
+      WEFT_CHECK(it != mine.tensors.end(), kWho, ": lost state tensor '", e.key, "'");
+      if (to == group_->rank()) whole.tensors.emplace_back(e.key, it->second.to(kCPU).clone());
+      else group_->send(it->second.contiguous(), to, tag)->wait();
+    } else if (to == group_->rank()) {
+      Tensor received = empty(e.shape, TensorOptions(e.dtype, device_));
+      group_->recv(received, e.rank, tag)->wait();
+      whole.tensors.emplace_back(e.key, received.to(kCPU));
+    }
+  }
+  if (to != group_->rank()) {
+    consolidated_.reset();
+    return;
+  }
+  for (const Entry& e : scalars) whole.scalars[e.key] = e.value;
+  whole.scalars["num_params"] = static_cast<double>(params().size());
+  consolidated_ = std::move(whole);
+  consolidated_at_ = steps_;
+}
+
+optim::OptimizerState ZeroRedundancyOptimizer::state_dict() const {
+  WEFT_CHECK(consolidated_.has_value(), name(), ".state_dict: the state is spread over the ranks and has not been "
+             "gathered on this rank (rank ", group_->rank(), "): call consolidate_state_dict(", group_->rank(),
+             ") on every rank first");
+  WEFT_CHECK(consolidated_at_ == steps_, name(), ".state_dict: the state gathered on this rank is from before the "
+             "last ", steps_ - consolidated_at_, " step(s): call consolidate_state_dict(", group_->rank(),
+             ") on every rank again");
+  optim::OptimizerState out = *consolidated_;
+  out.scalars["lr"] = lr();
+  if (initial_lr()) out.scalars["initial_lr"] = *initial_lr();
+  return out;
+}
+
+void ZeroRedundancyOptimizer::load_state_dict(const optim::OptimizerState& state) {
+  const std::string where = name() + ".load_state_dict";
+  const auto& scalars = state.scalars;
+  if (auto count = scalars.find("num_params"); count != scalars.end())
+    WEFT_CHECK(count->second == static_cast<double>(params().size()), where, ": the state holds ", count->second,
+               " parameters but this optimizer has ", params().size());
+  auto lr = scalars.find("lr");
+  WEFT_CHECK(lr != scalars.end(), where, ": the state has no 'lr' scalar");
+  WEFT_CHECK(lr->second >= 0, where, ": invalid learning rate: ", lr->second, " (must be >= 0)");
+  // Every rank checks every entry's index and shape, so that all refuse a bad state alike;
+  // the shard optimizer then checks the names and hyperparameters of its own entries.
+  std::vector<size_t> local(params().size(), SIZE_MAX);
+  for (size_t k = 0; k < owned_.size(); ++k) local[owned_[k]] = k;
+  optim::OptimizerState shard;
+  for (const auto& [key, value] : state.tensors) {
+    auto split = split_index(key);
+    WEFT_CHECK(split, where, ": unexpected tensor '", key, "' (state tensors are named '<param index>.<name>')");
+    WEFT_CHECK(split->first < params().size(), where, ": tensor '", key, "' names parameter ", split->first,
+               " but this optimizer has ", params().size(), " parameters");
+    const Tensor& p = params()[split->first];
+    WEFT_CHECK(value.defined() && value.shape() == p.shape(), where, ": tensor '", key, "' has shape ",
+               value.defined() ? value.shape() : Shape{}, " but parameter ", split->first, " has shape ", p.shape());
+    if (local[split->first] != SIZE_MAX)
+      shard.tensors.emplace_back(std::to_string(local[split->first]) + "." + split->second, value);
+  }
+  for (const auto& [key, value] : scalars) {
+    if (is_wrapper_scalar(key)) continue;
+    auto split = split_index(key);
+    if (!split) {
+      shard.scalars[key] = value;  // a hyperparameter: every shard takes it
+      continue;
+    }
+    WEFT_CHECK(split->first < params().size(), where, ": scalar '", key, "' names parameter ", split->first,
+               " but this optimizer has ", params().size(), " parameters");
+    if (local[split->first] != SIZE_MAX)
+      shard.scalars[std::to_string(local[split->first]) + "." + split->second] = value;
+  }
+  if (shard_) {
+    shard.scalars["lr"] = lr->second;
+    shard.scalars["num_params"] = static_cast<double>(owned_.size());
+    try {
+      shard_->load_state_dict(shard);
+    } catch (const Error& e) {
+      WEFT_FAIL(where, ": rank ", group_->rank(), "'s shard refused the state: ", e.what());
+    }
+  }
+  set_lr(lr->second);
+  if (auto initial = scalars.find("initial_lr"); initial != scalars.end()) set_initial_lr(initial->second);
+  consolidated_.reset();
+}
+
+}  // namespace weft::parallel
