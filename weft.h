@@ -63,6 +63,7 @@
 #include "parallel/pipeline/distributed_pipeline.h"
 #include "parallel/pipeline/pipeline.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/powersgd_hook.h"
 #include "parallel/process_group.h"
 #include "parallel/process_group_gloo.h"
 #include "parallel/process_group_nccl.h"

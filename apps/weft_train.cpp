@@ -461,9 +461,9 @@ int main(int argc, char** argv) {
                  "cpu:0,cpu:1); pipeline: one stage per device");
   app.add_flag("--sync-bn", c.sync_bn, "--mode ddp: BatchNorm statistics over every rank's samples (SyncBatchNorm)");
   app.add_option("--comm-hook", c.comm_hook,
-                 "--mode ddp: how gradient buckets are averaged: allreduce (default), or fp16 / bf16 (sent as 16-bit "
-                 "floats: half the bytes)")
-      ->check(CLI::IsMember({"allreduce", "fp16", "bf16"}));
+                 "--mode ddp: how gradient buckets are averaged: allreduce (default), fp16 / bf16 (sent as 16-bit "
+                 "floats: half the bytes), or powersgd (matrices sent as rank-1 factors after 10 exact iterations)")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}));
   app.add_flag("--zero", c.zero,
                "--mode ddp: each rank keeps and updates the optimizer state of its share of the parameters only, then "
                "broadcasts them (ZeroRedundancyOptimizer)");

@@ -3,7 +3,7 @@
 //
 //   build/bench/ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N]
 //                            [--ranks 1,2,4] [--bucket-mb MB] [--sync-bn]
-//                            [--comm-hook allreduce|fp16|bf16] [--optimizer sgd|adam] [--zero]
+//                            [--comm-hook allreduce|fp16|bf16|powersgd] [--optimizer sgd|adam] [--zero]
 //                            [--json FILE]
 //
 // For each world size it starts that many ranks (this executable again, as local CPU
@@ -21,7 +21,10 @@
 // statistics cost; PyTorch 1.13's SyncBatchNorm takes CUDA tensors only, so there is no
 // reference for it on CPU ranks. --comm-hook registers one of parallel/comm_hooks.h's hooks
 // on both sides (PyTorch's default_hooks; its Gloo has no bfloat16, so bf16 has no
-// reference). --optimizer picks SGD with momentum (default) or Adam; --zero wraps it in a
+// reference); powersgd is PowerSGD at rank 1 with error feedback and warm start,
+// compressing from the third step (PyTorch 1.13's hangs on Gloo with several buckets, so
+// there is no reference for it either; bench/reference/ddp_overhead.py has it, for
+// --bucket-mb 25). --optimizer picks SGD with momentum (default) or Adam; --zero wraps it in a
 // parallel::ZeroRedundancyOptimizer on both sides (PyTorch's
 // torch.distributed.optim.ZeroRedundancyOptimizer), which adds a broadcast of the parameters
 // to each step and divides the optimizer state among the ranks: the last column is the state
@@ -165,7 +168,11 @@ int run_rank(const Config& c) {
     parallel::DDPOptions options;
     options.bucket_cap_mb = options.first_bucket_mb = c.bucket_mb;
     parallel::DistributedDataParallel ddp(model, nullptr, options);
-    if (c.comm_hook != "allreduce") ddp.register_comm_hook(parallel::comm_hook_named(c.comm_hook));
+    if (c.comm_hook == "powersgd")  // compressing from the third step: every timed step is compressed
+      ddp.register_comm_hook(parallel::powersgd_hook(
+          std::make_shared<parallel::PowerSGDState>(parallel::PowerSGDOptions{.start_iteration = 2})));
+    else if (c.comm_hook != "allreduce")
+      ddp.register_comm_hook(parallel::comm_hook_named(c.comm_hook));
     auto optimizer = make_optimizer(c, model->parameters(), c.zero);
     double step = 0, plain = 0, hidden = 0;
     if (world == 1) {  // DDP's own cost: against the plain model, in turns
@@ -227,8 +234,8 @@ int main(int argc, char** argv) {
     else if (a == "--zero") c.zero = true;
     else if (a == "--help" || a == "-h") {
       std::cout << "usage: ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N] [--ranks 1,2,4] "
-                   "[--bucket-mb MB] [--sync-bn] [--comm-hook allreduce|fp16|bf16] [--optimizer sgd|adam] [--zero] "
-                   "[--json FILE]\n";
+                   "[--bucket-mb MB] [--sync-bn] [--comm-hook allreduce|fp16|bf16|powersgd] [--optimizer sgd|adam] "
+                   "[--zero] [--json FILE]\n";
       return 0;
     } else {
       std::cerr << "ddp_overhead: unknown argument " << a
@@ -250,7 +257,7 @@ int main(int argc, char** argv) {
     if (parallel::launched_as_rank()) return run_rank(c);
     std::cout << "# ddp_overhead: DDP (Gloo, CPU ranks as processes on this machine), batch " << c.batch
               << " per rank, buckets of " << c.bucket_mb << " MB" << (c.sync_bn ? ", SyncBatchNorm" : "")
-              << (c.comm_hook != "allreduce" ? ", " + c.comm_hook + " compression hook" : "")
+              << (c.comm_hook != "allreduce" ? ", " + c.comm_hook + " communication hook" : "")
               << ", " << (c.optimizer == "adam" ? "Adam" : "SGD with momentum")
               << (c.zero ? " sharded by ZeroRedundancyOptimizer" : "")
               << ", median of " << c.steps << " steps; " << num_threads()
@@ -269,6 +276,11 @@ int main(int argc, char** argv) {
     }
     if (c.comm_hook == "bf16") {
       std::cout << "# PyTorch reference not run with --comm-hook bf16 (PyTorch 1.13's Gloo has no bfloat16)\n";
+      return failed;
+    }
+    if (c.comm_hook == "powersgd") {
+      std::cout << "# PyTorch reference not run with --comm-hook powersgd (PyTorch 1.13's powerSGD_hook never finishes "
+                   "on Gloo ranks with more than one bucket: its continuations wait for nested all-reduces)\n";
       return failed;
     }
     auto torch = bench::run_reference("ddp_overhead.py", "--model " + c.models + " --batch " + std::to_string(c.batch) +

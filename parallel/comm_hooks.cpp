@@ -4,14 +4,16 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "kernels/elementwise.h"
+#include "parallel/powersgd_hook.h"
 
 namespace weft::parallel {
 
 namespace {
 
 CommHook compress_hook(DType wire) {
-  return [wire](ProcessGroup& group, const Tensor& bucket) {
+  return [wire](ProcessGroup& group, const GradBucket& grad_bucket) {
     NoGradGuard no_grad;
+    const Tensor& bucket = grad_bucket.buffer;
     Tensor compressed = div(bucket, static_cast<double>(group.size())).to(wire);
     auto work = group.all_reduce(compressed, ReduceOp::Sum);
     // On a CUDA device wait() has ordered the current stream after the all-reduce, so the
@@ -23,7 +25,9 @@ CommHook compress_hook(DType wire) {
 }  // namespace
 
 CommHook allreduce_hook() {
-  return [](ProcessGroup& group, const Tensor& bucket) { return group.all_reduce(bucket, ReduceOp::Avg); };
+  return [](ProcessGroup& group, const GradBucket& bucket) {
+    return group.all_reduce(bucket.buffer, ReduceOp::Avg);
+  };
 }
 
 CommHook fp16_compress_hook() { return compress_hook(DType::Float16); }
@@ -33,7 +37,9 @@ CommHook comm_hook_named(const std::string& name) {
   if (name == "allreduce") return allreduce_hook();
   if (name == "fp16") return fp16_compress_hook();
   if (name == "bf16") return bf16_compress_hook();
-  WEFT_FAIL("unknown communication hook '", name, "' (weft has allreduce, fp16 and bf16)");
+  if (name == "powersgd")
+    return powersgd_hook(std::make_shared<PowerSGDState>(PowerSGDOptions{.start_iteration = 10}));
+  WEFT_FAIL("unknown communication hook '", name, "' (weft has allreduce, fp16, bf16 and powersgd)");
 }
 
 }  // namespace weft::parallel

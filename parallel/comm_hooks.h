@@ -1,6 +1,6 @@
 // The communication hooks that come with DistributedDataParallel (PyTorch's
-// torch.distributed.algorithms.ddp_comm_hooks.default_hooks). Register one before the
-// first backward:
+// torch.distributed.algorithms.ddp_comm_hooks.default_hooks; PowerSGD's is in
+// parallel/powersgd_hook.h). Register one before the first backward:
 //
 //   ddp->register_comm_hook(parallel::fp16_compress_hook());
 //
@@ -21,24 +21,36 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "parallel/process_group.h"
 
 namespace weft::parallel {
 
-// What a bucket's communication does: given the group and the bucket's flat buffer (the
-// rank's summed gradients), start an operation that leaves the buffer holding the average
-// over ranks, done when its Work is (PyTorch's register_comm_hook). The Reducer calls it
-// once per bucket and backward, in bucket order, on every rank.
-using CommHook = std::function<std::shared_ptr<Work>(ProcessGroup& group, const Tensor& bucket)>;
+// One bucket as a hook sees it (PyTorch's GradBucket).
+struct GradBucket {
+  size_t index = 0;               // its place in the order buckets are launched (0 first)
+  bool is_last = false;           // the last bucket of this backward
+  Tensor buffer;                  // flat: this rank's gradients, where the hook leaves their average
+  std::vector<Tensor> gradients;  // views of `buffer`, one per parameter, shaped like it
+};
+
+// What a bucket's communication does: given the group and the bucket, start an operation
+// that leaves the buffer holding the average over ranks, done when its Work is (PyTorch's
+// register_comm_hook). The Reducer calls it once per bucket and backward, in bucket order,
+// on every rank, and waits for the buckets' Works in that order. Buckets are rebuilt once,
+// after the first iteration (parallel/reducer.h): a hook that keeps state per bucket index
+// starts keeping it after that.
+using CommHook = std::function<std::shared_ptr<Work>(ProcessGroup& group, const GradBucket& bucket)>;
 
 CommHook allreduce_hook();
 CommHook fp16_compress_hook();
 CommHook bf16_compress_hook();
 
-// "allreduce", "fp16" or "bf16" (weft-train's --ddp-comm-hook); another name is an error
-// that lists them.
+// "allreduce", "fp16", "bf16" or "powersgd" (weft-train's --comm-hook; powersgd:
+// parallel/powersgd_hook.h with its rank 1 and a warm-up of 10 iterations); another name is
+// an error that lists them.
 CommHook comm_hook_named(const std::string& name);
 
 }  // namespace weft::parallel

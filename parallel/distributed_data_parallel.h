@@ -21,7 +21,8 @@
 // backward reduces the sum (gradient accumulation over several micro-batches).
 //
 // register_comm_hook replaces the bucket's all-reduce: parallel/comm_hooks.h has the
-// built-ins (allreduce, fp16 and bf16 compression) and says how to write one.
+// built-ins (allreduce, fp16 and bf16 compression) and says how to write one;
+// parallel/powersgd_hook.h has PowerSGD's.
 //
 // Where weft differs from PyTorch: one input tensor per forward (as nn::Module).
 #pragma once

@@ -219,7 +219,14 @@ void Reducer::launch_ready_buckets() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& b = buckets_[next_to_launch_];
     trace::instant("bucket " + std::to_string(next_to_launch_) + " ready", b.buffer.device());
-    if (!alone()) b.work = hook_(*group_, b.buffer);
+    if (!alone()) {
+      GradBucket bucket;
+      bucket.index = next_to_launch_;
+      bucket.is_last = next_to_launch_ + 1 == buckets_.size();
+      bucket.buffer = b.buffer;
+      for (size_t param : b.params) bucket.gradients.push_back(slot_of(param));
+      b.work = hook_(*group_, bucket);
+    }
     ++next_to_launch_;
   }
 }

@@ -229,6 +229,7 @@ int main(int argc, char** argv) {
     if (scenario == "mismatch") return scenario_mismatch();
     if (scenario == "broadcast") return scenario_broadcast();
     if (scenario == "comm_hook") return scenario_comm_hook(arg1, arg2 == "views");
+    if (scenario == "powersgd") return scenario_powersgd(std::stoll(arg1), std::stoll(arg2));
     if (scenario == "sync_bn") return scenario_sync_bn(arg1);
     if (scenario == "sync_bn_uneven") return scenario_sync_bn_uneven();
     if (scenario == "zero") return scenario_zero(arg1, arg2);

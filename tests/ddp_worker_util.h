@@ -96,8 +96,9 @@ inline bool close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, do
   return true;
 }
 
-// tests/ddp_worker_hooks.cpp: the allreduce, fp16 and bf16 communication hooks.
+// tests/ddp_worker_hooks.cpp: the allreduce, fp16 and bf16 communication hooks, PowerSGD's.
 int scenario_comm_hook(const std::string& hook, bool bucket_view);
+int scenario_powersgd(int64_t approximation_rank, int64_t per_rank_batch);
 // The scenarios of tests/ddp_worker_training.cpp: SyncBatchNorm and the TrainLoop's ddp mode.
 int scenario_sync_bn(const std::string& optimizer);
 int scenario_sync_bn_uneven();

@@ -84,12 +84,16 @@ TEST_CASE("nccl: DDP on CUDA ranks equals one process on the whole batch") {
   test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "partial_use"}, nccl_rank_envs(2), std::chrono::seconds(240)));
 }
 
-TEST_CASE("nccl: the fp16 and bf16 compression hooks round each gradient as they say, and still train") {
+TEST_CASE("nccl: the fp16, bf16 and PowerSGD hooks transform each gradient as they say, and still train") {
   if (skip_without_nccl()) return;
   for (const char* hook : {"fp16", "bf16"})
     for (int world : {2, 3})
       test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "comm_hook", hook}, nccl_rank_envs(world),
                                              std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "powersgd", "1", "3"}, nccl_rank_envs(2),
+                                         std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "powersgd", "2", "1"}, nccl_rank_envs(2),
+                                         std::chrono::seconds(240)));
 }
 
 TEST_CASE("nccl: ZeroRedundancyOptimizer on CUDA ranks equals the plain optimizer; its state consolidates exactly") {

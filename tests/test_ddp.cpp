@@ -16,6 +16,7 @@
 #include "parallel/comm_hooks.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/powersgd_hook.h"
 #include "parallel/process_group_gloo.h"
 #include "parallel/sync_batch_norm.h"
 #include "gloo_suite.h"
@@ -59,9 +60,65 @@ TEST_CASE("DDP communication hooks: fp16 and bf16 compression round each gradien
   test::check_all_ok(test::run_ranks({worker, "comm_hook", "allreduce"}, 2, std::chrono::seconds(120)));
 }
 
+TEST_CASE("PowerSGD: each compressed gradient is the average projected on its rank; at full rank, the average") {
+  if (test::skip_without_gloo()) return;
+  // Note [What PowerSGD gives] in tests/ddp_worker_hooks.cpp. Rank 1 with error feedback and
+  // warm start (2 and 3 ranks, the same 6 samples a step); ranks that cover the average's rank
+  // with a fresh Q each step: the exact average, so one process's training.
+  test::check_all_ok(test::run_ranks({worker, "powersgd", "1", "3"}, 2, std::chrono::seconds(120)));
+  test::check_all_ok(test::run_ranks({worker, "powersgd", "1", "2"}, 3, std::chrono::seconds(120)));
+  test::check_all_ok(test::run_ranks({worker, "powersgd", "2", "1"}, 2, std::chrono::seconds(120)));
+  test::check_all_ok(test::run_ranks({worker, "powersgd", "3", "1"}, 3, std::chrono::seconds(120)));
+}
+
+TEST_CASE("PowerSGDState: options that cannot work are errors that say why") {
+  using parallel::PowerSGDOptions;
+  using parallel::PowerSGDState;
+  CHECK_THROWS_WITH_AS(PowerSGDState(PowerSGDOptions{.rank = 0}), Contains("rank must be at least 1, got 0"), Error);
+  CHECK_THROWS_WITH_AS(PowerSGDState(PowerSGDOptions{.start_iteration = 1}),
+                       Contains("start_iteration must be at least 2 with error feedback or warm start (got 1): "
+                                "DistributedDataParallel rebuilds its buckets after the first iteration"),
+                       Error);
+  CHECK_NOTHROW(PowerSGDState(PowerSGDOptions{.start_iteration = 0, .use_error_feedback = false, .warm_start = false}));
+  CHECK_THROWS_WITH_AS(PowerSGDState(PowerSGDOptions{.min_compression_rate = 0.5}),
+                       Contains("min_compression_rate must be at least 1, got 0.5"), Error);
+  CHECK_THROWS_WITH_AS(parallel::powersgd_hook(nullptr), Contains("powersgd_hook: the state is null"), Error);
+}
+
+TEST_CASE("PowerSGD in a group of one: a rank-1 gradient comes back whole, a zero one as zeros, not NaN") {
+  if (test::skip_without_gloo()) return;
+  auto group = test::solo_group();
+  Generator gen(4);
+  const TensorOptions f64(DType::Float64);
+  const Tensor u = randn({8, 1}, f64, &gen), v = randn({1, 6}, f64, &gen);
+  for (bool zero : {false, true}) {
+    CAPTURE(zero);
+    auto state = std::make_shared<parallel::PowerSGDState>(parallel::PowerSGDOptions{.start_iteration = 2});
+    parallel::CommHook hook = parallel::powersgd_hook(state);
+    // One bucket: an 8 x 6 weight (compressed at rank 1: 14 numbers for 48) and a bias of 8.
+    Tensor buffer = empty({56}, f64);
+    parallel::GradBucket bucket{.index = 0, .is_last = true, .buffer = buffer,
+                                .gradients = {buffer.narrow(0, 0, 48).view({8, 6}), buffer.narrow(0, 48, 8)}};
+    const Tensor weight = zero ? zeros({8, 6}, f64) : mm(u, v), bias = randn({8}, f64, &gen);
+    for (int step = 0; step < 3; ++step) {  // exact, exact, then compressed
+      bucket.gradients[0].copy_(weight);
+      bucket.gradients[1].copy_(bias);
+      hook(*group, bucket)->wait();
+      CHECK(state->iteration() == step + 1);
+      const auto got = bucket.gradients[0].to_vector<double>(), expected = weight.to_vector<double>();
+      for (size_t k = 0; k < got.size(); ++k) REQUIRE(std::fabs(got[k] - expected[k]) <= 1e-12);  // NaN fails
+      CHECK(bucket.gradients[1].to_vector<double>() == bias.to_vector<double>());
+    }
+    CHECK(state->elements_before() == 56);  // the one compressed call
+    CHECK(state->elements_after() == 14 + 8);
+  }
+}
+
 TEST_CASE("comm_hook_named and then(): the continuation runs once, after the work; an error in it is the work's") {
-  CHECK_THROWS_WITH_AS(parallel::comm_hook_named("powersgd"),
-                       Contains("unknown communication hook 'powersgd' (weft has allreduce, fp16 and bf16)"), Error);
+  CHECK_THROWS_WITH_AS(parallel::comm_hook_named("topk"),
+                       Contains("unknown communication hook 'topk' (weft has allreduce, fp16, bf16 and powersgd)"),
+                       Error);
+  CHECK(parallel::comm_hook_named("powersgd") != nullptr);
   // A work that is done when the test says so.
   struct Manual final : parallel::Work {
     bool done = false;

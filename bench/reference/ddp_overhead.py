@@ -5,7 +5,8 @@ loopback); each trains the model with DDP on its own batch and reports the media
 world size 1 the plain model is timed too. Writes a flat JSON: <model>_<n>ranks_ddp_step_ms
 and <model>_1ranks_plain_step_ms (milliseconds), <model>_<n>ranks_optimizer_state_bytes (the
 optimizer state of the rank that keeps the most). --comm-hook fp16 registers PyTorch's
-fp16_compress_hook (its Gloo has no bfloat16). --optimizer sgd (with momentum) or adam;
+fp16_compress_hook (its Gloo has no bfloat16); --comm-hook powersgd its powerSGD_hook at rank
+1, compressing from the third step. --optimizer sgd (with momentum) or adam;
 --zero wraps it in torch.distributed.optim.ZeroRedundancyOptimizer.
 
     python3 bench/reference/ddp_overhead.py --model all --batch 64 --steps 15 --ranks 1,2,4 --json out.json
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -81,6 +82,10 @@ def rank_main(rank, world, port, args, out_path):
         ddp = torch.nn.parallel.DistributedDataParallel(make(), bucket_cap_mb=args.bucket_mb)
         if args.comm_hook == "fp16":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        if args.comm_hook == "powersgd":
+            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                                start_powerSGD_iter=2)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         optimizer = make_optimizer(ddp.parameters(), args, args.zero)
         stats = torch.tensor([median_step(ddp, optimizer, x, y, args.steps), state_bytes(optimizer)],
                              dtype=torch.float64)
@@ -107,7 +112,7 @@ def main():
     p.add_argument("--ranks", default="1,2,4")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--bucket-mb", type=float, default=25.0)
-    p.add_argument("--comm-hook", default="allreduce", choices=["allreduce", "fp16"])
+    p.add_argument("--comm-hook", default="allreduce", choices=["allreduce", "fp16", "powersgd"])
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     p.add_argument("--zero", action="store_true")
     p.add_argument("--json", default="")
