@@ -3,6 +3,7 @@
 #include "parallel/powersgd_hook.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "core/autograd.h"
@@ -22,8 +23,9 @@ namespace {
 // number instead of by 0, which leaves it zero.
 void orthogonalize(const Tensor& m, double epsilon) {
   const int64_t r = m.shape()[1];
-  const double tiny = m.dtype() == DType::Float64 ? std::numeric_limits<double>::min()
-                                                  : static_cast<double>(std::numeric_limits<float>::min());
+  const double tiny = m.dtype() == DType::Float64   ? std::numeric_limits<double>::min()
+                     : m.dtype() == DType::Float16 ? std::ldexp(1.0, -14)
+                                                   : static_cast<double>(std::numeric_limits<float>::min());
   for (int64_t i = 0; i < r; ++i) {
     Tensor column = m.narrow(1, i, 1);
     Tensor norm = sqrt(sum(mul(column, column)));

@@ -10,11 +10,11 @@
 //   P = orthonormal columns (Gram-Schmidt)
 //   Q = M^T P          all-reduced, divided by the ranks
 //   M <- P Q^T         = P P^T avg(M): the average projected on r directions
-// so (n + m) r numbers cross the wire instead of n m. Gradients for which that is not at
-// least min_compression_rate times fewer (biases, small layers) are all-reduced as they
-// are. Error feedback adds what the last approximation left out (each rank's input minus
-// the output) to the next gradient, so nothing is lost for good; warm start begins each
-// power iteration from the last Q. Until start_iteration, buckets are all-reduced exactly.
+// so (n + m) r numbers cross the wire instead of n m. Gradients for which that is not more
+// than min_compression_rate times fewer (biases, small layers) are all-reduced as they are.
+// Error feedback adds what the last approximation left out (each rank's input minus the
+// output) to the next gradient, so nothing is lost for good; warm start begins each power
+// iteration from the last Q. Until start_iteration, buckets are all-reduced exactly.
 //
 // Where weft differs from PyTorch: a column that Gram-Schmidt finds to be zero (a gradient
 // that is zero in the directions left) becomes zero instead of NaN (with warm start, it then
@@ -35,7 +35,7 @@ namespace weft::parallel {
 struct PowerSGDOptions {
   int64_t rank = 1;                   // PyTorch's matrix_approximation_rank
   int64_t start_iteration = 1000;     // PyTorch's start_powerSGD_iter: exact all-reduces before it
-  double min_compression_rate = 2;    // compress M only if n m >= rate * (n + m) r
+  double min_compression_rate = 2;    // compress M only if n m > rate * (n + m) r
   bool use_error_feedback = true;
   bool warm_start = true;
   double orthogonalization_epsilon = 0;  // added to each column's norm before dividing

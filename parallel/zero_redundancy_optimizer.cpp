@@ -46,6 +46,15 @@ std::optional<std::pair<size_t, std::string>> split_index(const std::string& key
   return std::make_pair(index, key.substr(dot + 1));
 }
 
+// "0 is parameter 5, 1 is parameter 7, ..." (the first eight): how a shard's own indices,
+// which its errors use, map to the wrapper's.
+std::string shard_numbering(const std::vector<size_t>& owned) {
+  std::string out;
+  for (size_t k = 0; k < owned.size() && k < 8; ++k)
+    out += (k ? ", " : "") + std::to_string(k) + " is parameter " + std::to_string(owned[k]);
+  return out + (owned.size() > 8 ? ", ..." : "");
+}
+
 // The scalars the wrapper keeps itself rather than its shard optimizer.
 bool is_wrapper_scalar(const std::string& key) {
   return key == "lr" || key == "num_params" || key == "initial_lr";
@@ -95,7 +104,7 @@ Entry parse_entry(const std::string& line, int rank) {
     e.shape = Shape(dims);
   } else {
     WEFT_CHECK(kind == "scalar", kWho, ": malformed state description from rank ", rank, ": '", line, "'");
-    e.value = std::strtod(first.c_str(), nullptr);
+    std::from_chars(first.data(), first.data() + first.size(), e.value);
   }
   in.get();  // the space before the key, which may itself hold spaces
   std::getline(in, e.key);
@@ -115,24 +124,28 @@ ZeroRedundancyOptimizer::Plan ZeroRedundancyOptimizer::Plan::make(std::vector<Te
   WEFT_CHECK(!params.empty(), kWho, ": got an empty parameter list");
   Plan plan;
   plan.group = group ? std::move(group) : default_group_ptr();
-  for (size_t i = 0; i < params.size(); ++i) {
-    WEFT_CHECK(params[i].defined(), kWho, ": parameter ", i, " is an undefined tensor");
-    WEFT_CHECK(params[i].device() == params[0].device(), kWho, ": parameter ", i, " is on ", params[i].device(),
-               " but parameter 0 is on ", params[0].device(), " (the parameters of a data-parallel replica share "
-               "one device)");
-  }
+  WEFT_CHECK(params[0].defined(), kWho, ": parameter 0 is an undefined tensor");
   plan.device = params[0].device();
   // Every rank must partition the same list, or the broadcasts of step() would pair
-  // different parameters (and hang or corrupt the weights).
+  // different parameters (and hang or corrupt the weights). A rank's own problem goes into
+  // its description too, so that every rank stops, not only the one that sees it.
   std::vector<std::string> lines;
   for (size_t i = 0; i < params.size(); ++i) {
     std::ostringstream line;
-    line << "parameter " << i << " is " << params[i].dtype() << " " << params[i].shape();
+    if (!params[i].defined())
+      line << "parameter " << i << " is an undefined tensor";
+    else if (params[i].device() != plan.device)
+      line << "parameter " << i << " is on " << params[i].device() << " but parameter 0 is on " << plan.device
+           << " (the parameters of a data-parallel replica share one device)";
+    else
+      line << "parameter " << i << " is " << params[i].dtype() << " " << params[i].shape();
     lines.push_back(line.str());
   }
   if (auto difference = first_difference_across_ranks(*plan.group, lines, plan.device))
     WEFT_FAIL(kWho, ": the ranks' parameters differ: ", *difference, " (every rank must give the same parameters, "
               "in the same order)");
+  for (size_t i = 0; i < params.size(); ++i)
+    WEFT_CHECK(params[i].defined() && params[i].device() == plan.device, kWho, ": ", lines[i]);
 
   plan.owner = partition(params, plan.group->size());
   std::vector<Tensor> shard;
@@ -153,6 +166,7 @@ ZeroRedundancyOptimizer::Plan ZeroRedundancyOptimizer::Plan::make(std::vector<Te
   plan.name = std::string(kWho) + "(" + made->name() + ")";
   plan.lr = made->lr();
   if (!shard.empty()) plan.shard = std::move(made);
+  plan.make_shard_optimizer = std::move(make_shard_optimizer);
   plan.params = std::move(params);
   return plan;
 }
@@ -163,7 +177,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Plan plan)
       device_(plan.device),
       owner_(std::move(plan.owner)),
       owned_(std::move(plan.owned)),
-      shard_(std::move(plan.shard)) {}
+      shard_(std::move(plan.shard)),
+      make_shard_optimizer_(std::move(plan.make_shard_optimizer)) {}
 
 void ZeroRedundancyOptimizer::step() {
   NoGradGuard no_grad;
@@ -218,15 +233,20 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   NoGradGuard no_grad;
   TraceSpan span("zero: consolidate state", device_);
   // 1. This rank's shard of the state, renamed to global indices and described to every rank.
+  // A rank's own problem, and the `to` it was given, travel with the description, so that
+  // every rank stops on them together.
   optim::OptimizerState mine;
-  std::string description;
+  std::string description = "to " + std::to_string(to) + "\n";
   if (shard_) {
     shard_->set_lr(lr());
     mine = shard_->state_dict();
     for (auto& [key, t] : mine.tensors) {
       auto split = split_index(key);
-      WEFT_CHECK(split && split->first < owned_.size(), kWho, ": the ", shard_->name(), " shard's state tensor '", key,
-                 "' does not name one of its ", owned_.size(), " parameters");
+      if (!split || split->first >= owned_.size()) {
+        description += "error the " + shard_->name() + " shard's state tensor '" + key + "' does not name one of its " +
+                       std::to_string(owned_.size()) + " parameters\n";
+        continue;
+      }
       key = std::to_string(owned_[split->first]) + "." + split->second;
       description += describe_entry(key, t) + "\n";
     }
@@ -243,6 +263,12 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   for (int r = 0; r < group_->size(); ++r) {
     std::istringstream in(texts[static_cast<size_t>(r)]);
     for (std::string line; std::getline(in, line);) {
+      if (line.rfind("to ", 0) == 0) {
+        WEFT_CHECK(line == "to " + std::to_string(to), kWho, ".consolidate_state_dict: rank ", r, " was called with ",
+                   line, ", this rank (", group_->rank(), ") with to ", to, " (every rank must name the same rank)");
+        continue;
+      }
+      WEFT_CHECK(line.rfind("error ", 0) != 0, kWho, ".consolidate_state_dict: on rank ", r, ", ", line.substr(6));
       Entry e = parse_entry(line, r);
       (e.is_tensor ? tensors : scalars).push_back(std::move(e));
     }
@@ -329,15 +355,32 @@ void ZeroRedundancyOptimizer::load_state_dict(const optim::OptimizerState& state
     if (local[split->first] != SIZE_MAX)
       shard.scalars[std::to_string(local[split->first]) + "." + split->second] = value;
   }
+  // The shard loads into a new optimizer, kept only if every rank's shard accepts its part:
+  // slot names and hyperparameters are checked by the owners alone, and a rank that failed
+  // by itself would leave the others waiting in their next collective.
+  std::shared_ptr<optim::Optimizer> loaded;
+  std::string refusal;
   if (shard_) {
     shard.scalars["lr"] = lr->second;
     shard.scalars["num_params"] = static_cast<double>(owned_.size());
     try {
-      shard_->load_state_dict(shard);
+      std::vector<Tensor> mine;
+      for (size_t i : owned_) mine.push_back(params()[i]);
+      loaded = make_shard_optimizer_(mine);
+      loaded->load_state_dict(shard);
     } catch (const Error& e) {
-      WEFT_FAIL(where, ": rank ", group_->rank(), "'s shard refused the state: ", e.what());
+      refusal = e.what();
     }
   }
+  Tensor first_refusing = tensor(std::vector<int64_t>{refusal.empty() ? group_->size() : group_->rank()}).to(device_);
+  if (group_->size() > 1) group_->all_reduce(first_refusing, ReduceOp::Min)->wait();
+  const int64_t refusing = first_refusing.item<int64_t>();
+  if (refusing == group_->rank())
+    WEFT_FAIL(where, ": rank ", refusing, "'s shard refused the state: ", refusal, " (the shard numbers its parameters "
+              "0, 1, ... in the order of owned(): ", shard_numbering(owned_), ")");
+  WEFT_CHECK(refusing == group_->size(), where, ": rank ", refusing, "'s shard refused the state (its error says why); "
+             "no rank loaded it");
+  if (loaded) shard_ = std::move(loaded);
   set_lr(lr->second);
   if (auto initial = scalars.find("initial_lr"); initial != scalars.end()) set_initial_lr(initial->second);
   consolidated_.reset();

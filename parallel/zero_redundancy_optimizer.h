@@ -61,7 +61,8 @@ class ZeroRedundancyOptimizer final : public optim::Optimizer {
   // error saying what to call.
   optim::OptimizerState state_dict() const override;
   // A whole state, as state_dict() returns or the shard optimizer's kind saves over all the
-  // parameters; every rank loads its own shard.
+  // parameters; every rank loads its own shard. A collective: when one rank's shard refuses
+  // the state, every rank throws (naming that rank) and keeps its state as it was.
   void load_state_dict(const optim::OptimizerState& state) override;
 
   // The rank that updates params()[i], for every i.
@@ -80,6 +81,7 @@ class ZeroRedundancyOptimizer final : public optim::Optimizer {
     std::vector<int> owner;
     std::vector<size_t> owned;
     std::shared_ptr<optim::Optimizer> shard;
+    ShardOptimizerFactory make_shard_optimizer;
     std::string name;
     double lr = 0;
 
@@ -95,6 +97,7 @@ class ZeroRedundancyOptimizer final : public optim::Optimizer {
   std::vector<int> owner_;
   std::vector<size_t> owned_;
   std::shared_ptr<optim::Optimizer> shard_;
+  ShardOptimizerFactory make_shard_optimizer_;  // load_state_dict loads into a new shard optimizer first
   // The last consolidation's result on its `to` rank, and the step count it belongs to.
   std::optional<optim::OptimizerState> consolidated_;
   int64_t steps_ = 0, consolidated_at_ = -1;

@@ -233,7 +233,7 @@ int main(int argc, char** argv) {
     if (scenario == "sync_bn") return scenario_sync_bn(arg1);
     if (scenario == "sync_bn_uneven") return scenario_sync_bn_uneven();
     if (scenario == "zero") return scenario_zero(arg1, arg2);
-    if (scenario == "zero_checkpoint") return scenario_zero_checkpoint(arg1);
+    if (scenario == "zero_checkpoint") return scenario_zero_checkpoint(arg1, arg2);
     if (scenario == "zero_mismatch") return scenario_zero_mismatch();
     if (scenario == "elastic" && argc > 4)
       return scenario_elastic(arg1, arg2, argv[4], argc > 5 ? std::stoi(argv[5]) : 0);

@@ -106,7 +106,7 @@ int scenario_elastic(const std::string& phase, const std::string& optimizer, con
                      int ranks_before);
 // tests/ddp_worker_zero.cpp: ZeroRedundancyOptimizer under DDP.
 int scenario_zero(const std::string& model, const std::string& optimizer);
-int scenario_zero_checkpoint(const std::string& optimizer);
+int scenario_zero_checkpoint(const std::string& model, const std::string& optimizer);
 int scenario_zero_mismatch();
 
 }  // namespace weft::ddp_worker

@@ -139,13 +139,14 @@ int scenario_zero(const std::string& model, const std::string& optimizer) {
   return failures == 0 ? 0 : 1;
 }
 
-// consolidate_state_dict onto the last rank gives there the plain optimizer's state_dict, bit
-// for bit, and nowhere else; a step makes it stale; every rank loading the whole state into a
-// new ZeroRedundancyOptimizer goes on as if training had never stopped.
-int scenario_zero_checkpoint(const std::string& optimizer) {
+// consolidate_state_dict onto the last rank (which owns nothing when the model has fewer
+// parameters than there are ranks) gives there the plain optimizer's state_dict, bit for bit,
+// and nowhere else; a step makes it stale; every rank loading the whole state into a new
+// ZeroRedundancyOptimizer goes on as if training had never stopped.
+int scenario_zero_checkpoint(const std::string& model, const std::string& optimizer) {
   parallel::init_process_group(backend(), parallel::InitOptions{.timeout = std::chrono::seconds(60)});
   const int rank = parallel::get_rank(), to = parallel::get_world_size() - 1;
-  SideBySide s("mlp", optimizer);
+  SideBySide s(model, optimizer);
   s.train(0, 10, 3);
   s.zero->set_initial_lr(0.5);
   s.plain->set_initial_lr(0.5);
@@ -196,6 +197,21 @@ int scenario_zero_checkpoint(const std::string& optimizer) {
   s.zero->load_state_dict(s.plain->state_dict());
   if (s.zero->initial_lr() != 0.5) fail("initial_lr was not restored");
   s.train(11, 20, 3);
+
+  // A state that one shard alone can refuse (a state name only the owner of parameter 0
+  // checks): every rank throws, naming that rank, and none has changed.
+  optim::OptimizerState broken = s.plain->state_dict();
+  broken.tensors.emplace_back("0.bogus", s.zero_model->parameters()[0].detach().clone());
+  const int refusing = s.zero->owners()[0];
+  try {
+    s.zero->load_state_dict(broken);
+    fail("a state with an unknown tensor was loaded");
+  } catch (const Error& e) {
+    const std::string expected = "rank " + std::to_string(refusing) + "'s shard refused the state" +
+                                 (rank == refusing ? ": " : " (its error says why)");
+    if (std::string(e.what()).find(expected) == std::string::npos) fail(std::string("unexpected error: ") + e.what());
+  }
+  s.train(20, 22, 3);
   parallel::destroy_process_group();
   return failures == 0 ? 0 : 1;
 }

@@ -102,7 +102,7 @@ TEST_CASE("nccl: ZeroRedundancyOptimizer on CUDA ranks equals the plain optimize
                                          std::chrono::seconds(240)));
   test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "zero", "linear", "sgd"}, nccl_rank_envs(3),
                                          std::chrono::seconds(240)));
-  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "zero_checkpoint", "adam"}, nccl_rank_envs(3),
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "zero_checkpoint", "mlp", "adam"}, nccl_rank_envs(3),
                                          std::chrono::seconds(240)));
 }
 

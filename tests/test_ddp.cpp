@@ -60,7 +60,8 @@ TEST_CASE("DDP communication hooks: fp16 and bf16 compression round each gradien
   test::check_all_ok(test::run_ranks({worker, "comm_hook", "allreduce"}, 2, std::chrono::seconds(120)));
 }
 
-TEST_CASE("PowerSGD: each compressed gradient is the average projected on its rank; at full rank, the average") {
+TEST_CASE("PowerSGD: each compressed gradient is a rank-1 projection of the average plus the carried error; at "
+          "full rank with a fresh Q, the average") {
   if (test::skip_without_gloo()) return;
   // Note [What PowerSGD gives] in tests/ddp_worker_hooks.cpp. Rank 1 with error feedback and
   // warm start (2 and 3 ranks, the same 6 samples a step); ranks that cover the average's rank

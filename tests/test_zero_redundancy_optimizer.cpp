@@ -50,8 +50,10 @@ TEST_CASE("ZeroRedundancyOptimizer under DDP equals the plain optimizer bit for 
 
 TEST_CASE("ZeroRedundancyOptimizer: the consolidated state is the plain optimizer's; loading it resumes exactly") {
   if (test::skip_without_gloo()) return;
-  test::check_all_ok(test::run_ranks({worker, "zero_checkpoint", "adam"}, 2, std::chrono::seconds(120)));
-  test::check_all_ok(test::run_ranks({worker, "zero_checkpoint", "sgd"}, 3, std::chrono::seconds(120)));
+  test::check_all_ok(test::run_ranks({worker, "zero_checkpoint", "mlp", "adam"}, 2, std::chrono::seconds(120)));
+  test::check_all_ok(test::run_ranks({worker, "zero_checkpoint", "mlp", "sgd"}, 3, std::chrono::seconds(120)));
+  // Gathered on a rank that owns nothing.
+  test::check_all_ok(test::run_ranks({worker, "zero_checkpoint", "linear", "adam"}, 3, std::chrono::seconds(120)));
 }
 
 TEST_CASE("ZeroRedundancyOptimizer: different parameter lists fail on every rank, naming the difference") {
