@@ -65,8 +65,14 @@ if(WEFT_WITH_CUDA)
   if(NOT WEFT_CUDNN_INCLUDE OR NOT WEFT_CUDNN_LIBRARY)
     message(FATAL_ERROR "the CUDA backend needs cuDNN 9 (cudnn.h and libcudnn) beside the CUDA toolkit")
   endif()
-  file(STRINGS ${WEFT_CUDNN_INCLUDE}/cudnn_version.h WEFT_CUDNN_MAJOR REGEX "#define CUDNN_MAJOR")
-  weft_status("cuDNN" "${WEFT_CUDNN_MAJOR} (${WEFT_CUDNN_LIBRARY}; convolution, pooling, batch norm)")
+  set(WEFT_CUDNN_VERSION "")
+  foreach(part MAJOR MINOR PATCHLEVEL)
+    file(STRINGS ${WEFT_CUDNN_INCLUDE}/cudnn_version.h line REGEX "^#define CUDNN_${part} +[0-9]+")
+    string(REGEX REPLACE ".* ([0-9]+).*" "\\1" number "${line}")
+    list(APPEND WEFT_CUDNN_VERSION "${number}")
+  endforeach()
+  list(JOIN WEFT_CUDNN_VERSION "." WEFT_CUDNN_VERSION)
+  weft_status("cuDNN" "${WEFT_CUDNN_VERSION} (${WEFT_CUDNN_LIBRARY}; convolution, pooling, batch norm)")
   # NCCL (collectives across GPUs and processes): beside the toolkit, or under NCCL_ROOT
   # (the nvidia-nccl wheel that PyTorch brings has include/ and lib/). Optional: without
   # it the nccl process-group backend says it was not built.

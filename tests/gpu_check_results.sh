@@ -125,5 +125,29 @@ test_cuda_reduce/hangs TIMEOUT
 bench_cli_kernels SKIP" "$(python3 -c 'import json, sys
 for name, c in json.load(open(sys.argv[1]))["steps"]["test"]["cases"].items(): print(name, c["status"])' "$results")"
 
+# --tests (a kit's list): only the tests the regex matches are pending, and the step is done
+# when those are, whatever the others.
+results="$scratch/selected.json"
+r begin "$results" test >/dev/null
+expect "pending, of the selected tests only" "2,3,4,6,7" "$(r ctest-pending "$results" test "$scratch/listing.json" '^test_cuda_')"
+grep -E 'Test +#[234]:' "$scratch/ctest.txt" >"$scratch/ctest-cuda.txt"
+echo '6/6 Test #6: test_cuda_parallel/cut off by the budget .................   Passed    2.00 sec' >>"$scratch/ctest-cuda.txt"
+r ctest-ingest "$results" test "$scratch/listing.json" "$scratch/ctest-cuda.txt" 300 "$(date +%s)" '^test_cuda_'
+expect "a selected test not run yet leaves the step unfinished" 3 "$?"
+echo '7/7 Test #7: test_cuda_parallel/not started .................   Passed    1.00 sec' >>"$scratch/ctest-cuda.txt"
+r ctest-ingest "$results" test "$scratch/listing.json" "$scratch/ctest-cuda.txt" 300 "$(date +%s)" '^test_cuda_'
+expect "every selected test recorded: the step is done" 0 "$?"
+expect "nothing selected is pending" "" "$(r ctest-pending "$results" test "$scratch/listing.json" '^test_cuda_')"
+expect "the others still are" "1,5" "$(r ctest-pending "$results" test "$scratch/listing.json")"
+
+# A kit's build (tools/gpu-kit) reports the compiler and headers it was built with, not those
+# this machine has at the same paths.
+mkdir -p "$scratch/kit-build"
+printf '%s\n' KIT_COMMIT=abc1234 KIT_NVCC=13.0.48 KIT_CUDNN=9.13.0 KIT_NCCL=2.28.3 "KIT_TESTS='^(a|b)'" \
+  >"$scratch/kit-build/kit.env"
+r versions "$scratch/kit.json" "$scratch/kit-build"
+expect "versions of a kit" "nvcc 13.0.48 (the kit's); cuDNN 9.13.0 (the kit's); NCCL 2.28.3 (the kit's)" \
+  "$(r summary "$scratch/kit.json" | sed -n 2p | grep -o 'nvcc.*')"
+
 [ $failures -eq 0 ] && echo "all gpu-check results checks passed"
 exit $((failures > 0))

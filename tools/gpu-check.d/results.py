@@ -12,10 +12,12 @@ before (regressions) and those that pass now and failed before (fixes).
   results.py has RESULTS STEP NAME        exit 0 when NAME already has a result in STEP
   results.py end RESULTS STEP SECONDS finished|unfinished
   results.py finished RESULTS STEP        exit 0 when an earlier call finished STEP
-  results.py ctest-pending RESULTS STEP LISTING
-      the numbers (for ctest -I) of the tests in LISTING (ctest --show-only=json-v1) with no result yet
-  results.py ctest-ingest RESULTS STEP LISTING OUTPUT TEST_TIMEOUT STOP_EPOCH
-      records the tests that ctest's OUTPUT reports; exit 3 when some are left for the next call
+  results.py ctest-pending RESULTS STEP LISTING [REGEX]
+      the numbers (for ctest -I) of the tests in LISTING (ctest --show-only=json-v1) with no result
+      yet; with REGEX, of those whose names it matches (re.search) only
+  results.py ctest-ingest RESULTS STEP LISTING OUTPUT TEST_TIMEOUT STOP_EPOCH [REGEX]
+      records the tests that ctest's OUTPUT reports; exit 3 when some (of those REGEX matches) are
+      left for the next call
   results.py versions RESULTS BUILD_DIR   records the GPU, driver, CUDA runtime, cuDNN and NCCL versions
   results.py summary RESULTS [--baseline FILE]
   results.py compare RESULTS BASELINE     exit 1 when there are regressions
@@ -128,9 +130,17 @@ def ctest_names(listing):
         return [t["name"] for t in json.load(f)["tests"]]  # ctest numbers them from 1 in this order
 
 
-def cmd_ctest_pending(path, name, listing):
+def selected(names, regex):
+    """The names REGEX matches (all of them when it is empty)."""
+    pattern = re.compile(regex or "")
+    return [n for n in names if pattern.search(n)]
+
+
+def cmd_ctest_pending(path, name, listing, regex=""):
     cases = load(path)["steps"].get(name, {}).get("cases", {})
-    print(",".join(str(i + 1) for i, test in enumerate(ctest_names(listing)) if test not in cases))
+    names = ctest_names(listing)
+    wanted = set(selected(names, regex))
+    print(",".join(str(i + 1) for i, test in enumerate(names) if test in wanted and test not in cases))
 
 
 def parse_ctest_output(text, names):
@@ -156,7 +166,7 @@ def parse_ctest_output(text, names):
     return results
 
 
-def cmd_ctest_ingest(path, name, listing, output, test_timeout, stop_epoch):
+def cmd_ctest_ingest(path, name, listing, output, test_timeout, stop_epoch, regex=""):
     names = ctest_names(listing)
     with open(output, errors="replace") as f:
         text = f.read()
@@ -174,7 +184,7 @@ def cmd_ctest_ingest(path, name, listing, output, test_timeout, stop_epoch):
         step["cases"][names[number - 1]] = record
     step["updated"] = now()
     save(path, data)
-    return 0 if all(n in step["cases"] for n in names) else 3
+    return 0 if all(n in step["cases"] for n in selected(names, regex)) else 3
 
 
 # --- versions -------------------------------------------------------------------------------
@@ -195,6 +205,16 @@ def header_version(path, names):
         return ""
     parts = [re.search(r"#define\s+%s\s+(\d+)" % n, text) for n in names]
     return ".".join(p.group(1) for p in parts) if all(parts) else ""
+
+
+def read_kit_env(path):
+    """The KEY=VALUE lines of a kit's kit.env, or {} where there is none."""
+    try:
+        with open(path) as f:
+            pairs = (line.strip().split("=", 1) for line in f if "=" in line)
+            return {key: value.strip("'") for key, value in pairs}
+    except OSError:
+        return {}
 
 
 def cmd_versions(path, build):
@@ -233,6 +253,12 @@ def cmd_versions(path, build):
                           ["NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH"])
     if nccl:
         versions["nccl"] = nccl
+    # A kit's build (tools/gpu-kit) was compiled elsewhere: its compiler and headers are the ones
+    # it names, not whatever this machine has at the same paths.
+    kit = read_kit_env(os.path.join(build, "kit.env"))
+    for key, kit_key in (("nvcc", "KIT_NVCC"), ("cudnn", "KIT_CUDNN"), ("nccl", "KIT_NCCL")):
+        if kit_key in kit:
+            versions[key] = "%s (the kit's)" % kit[kit_key]
     data = load(path)
     data["versions"].update(versions)  # what this call could not read stays as an earlier call read it
     save(path, data)
@@ -323,9 +349,9 @@ def main(argv):
         return cmd_finished(path, args[0])
     if command == "end" and len(args) == 3:
         return cmd_end(path, *args) or 0
-    if command == "ctest-pending" and len(args) == 2:
+    if command == "ctest-pending" and len(args) in (2, 3):
         return cmd_ctest_pending(path, *args) or 0
-    if command == "ctest-ingest" and len(args) == 5:
+    if command == "ctest-ingest" and len(args) in (5, 6):
         return cmd_ctest_ingest(path, *args)
     if command == "versions" and len(args) == 1:
         return cmd_versions(path, args[0]) or 0
