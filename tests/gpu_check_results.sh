@@ -139,6 +139,8 @@ r ctest-ingest "$results" test "$scratch/listing.json" "$scratch/ctest-cuda.txt"
 expect "every selected test recorded: the step is done" 0 "$?"
 expect "nothing selected is pending" "" "$(r ctest-pending "$results" test "$scratch/listing.json" '^test_cuda_')"
 expect "the others still are" "1,5" "$(r ctest-pending "$results" test "$scratch/listing.json")"
+r ctest-pending "$results" test "$scratch/listing.json" '^no_such_test' 2>/dev/null
+expect "a selection of nothing is an error, not a finished step" 4 "$?"
 
 # A kit's build (tools/gpu-kit) reports the compiler and headers it was built with, not those
 # this machine has at the same paths.

@@ -14,7 +14,7 @@ before (regressions) and those that pass now and failed before (fixes).
   results.py finished RESULTS STEP        exit 0 when an earlier call finished STEP
   results.py ctest-pending RESULTS STEP LISTING [REGEX]
       the numbers (for ctest -I) of the tests in LISTING (ctest --show-only=json-v1) with no result
-      yet; with REGEX, of those whose names it matches (re.search) only
+      yet; with REGEX, of those whose names it matches (re.search) only; exit 4 when it matches none
   results.py ctest-ingest RESULTS STEP LISTING OUTPUT TEST_TIMEOUT STOP_EPOCH [REGEX]
       records the tests that ctest's OUTPUT reports; exit 3 when some (of those REGEX matches) are
       left for the next call
@@ -140,6 +140,9 @@ def cmd_ctest_pending(path, name, listing, regex=""):
     cases = load(path)["steps"].get(name, {}).get("cases", {})
     names = ctest_names(listing)
     wanted = set(selected(names, regex))
+    if not wanted:
+        print("results.py: no CTest entry of %s matches %r" % (listing, regex), file=sys.stderr)
+        return 4  # a selection of nothing is a mistake, not a step with nothing left to do
     print(",".join(str(i + 1) for i, test in enumerate(names) if test in wanted and test not in cases))
 
 
