@@ -58,6 +58,7 @@
 #include "parallel/file_store.h"
 #include "parallel/fork_join.h"
 #include "parallel/functions.h"
+#include "parallel/join.h"
 #include "parallel/launch_env.h"
 #include "parallel/parallel_apply.h"
 #include "parallel/pipeline/distributed_pipeline.h"

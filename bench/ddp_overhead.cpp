@@ -4,7 +4,7 @@
 //   build/bench/ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N]
 //                            [--ranks 1,2,4] [--bucket-mb MB] [--sync-bn]
 //                            [--comm-hook allreduce|fp16|bf16|powersgd] [--optimizer sgd|adam] [--zero]
-//                            [--json FILE]
+//                            [--join] [--json FILE]
 //
 // For each world size it starts that many ranks (this executable again, as local CPU
 // processes with weft-run's variables, Gloo over loopback; under a launcher it is one rank
@@ -28,7 +28,8 @@
 // parallel::ZeroRedundancyOptimizer on both sides (PyTorch's
 // torch.distributed.optim.ZeroRedundancyOptimizer), which adds a broadcast of the parameters
 // to each step and divides the optimizer state among the ranks: the last column is the state
-// the most loaded rank keeps.
+// the most loaded rank keeps. --join times the steps inside a join (parallel/join.h; PyTorch's
+// `with Join([ddp, ...])`), on even inputs: what its per-step announcements cost.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -60,6 +61,7 @@ struct Config {
   std::string comm_hook = "allreduce";
   std::string optimizer = "sgd";
   bool zero = false;
+  bool join = false;
 };
 
 std::shared_ptr<nn::Module> make_model(const std::string& name) {
@@ -174,18 +176,22 @@ int run_rank(const Config& c) {
     else if (c.comm_hook != "allreduce")
       ddp.register_comm_hook(parallel::comm_hook_named(c.comm_hook));
     auto optimizer = make_optimizer(c, model->parameters(), c.zero);
+    std::vector<parallel::Joinable*> joinables{&ddp};
+    if (auto* zero = dynamic_cast<parallel::ZeroRedundancyOptimizer*>(optimizer.get())) joinables.push_back(zero);
     double step = 0, plain = 0, hidden = 0;
-    if (world == 1) {  // DDP's own cost: against the plain model, in turns
-      auto bare = make_model(name);
-      auto bare_optimizer = make_optimizer(c, bare->parameters(), false);
-      auto ms = time_steps({{&ddp, optimizer.get()}, {bare.get(), bare_optimizer.get()}}, x, y, c.steps);
-      step = ms[0], plain = ms[1];
-    } else {  // with a trace of the steps, for the hidden share
-      trace::start();
-      step = time_steps({{&ddp, optimizer.get()}}, x, y, c.steps)[0];
-      trace::stop();
-      hidden = hidden_fraction(trace::json());
-    }
+    parallel::join(joinables, [&] {
+      if (world == 1) {  // DDP's own cost: against the plain model, in turns
+        auto bare = make_model(name);
+        auto bare_optimizer = make_optimizer(c, bare->parameters(), false);
+        auto ms = time_steps({{&ddp, optimizer.get()}, {bare.get(), bare_optimizer.get()}}, x, y, c.steps);
+        step = ms[0], plain = ms[1];
+      } else {  // with a trace of the steps, for the hidden share
+        trace::start();
+        step = time_steps({{&ddp, optimizer.get()}}, x, y, c.steps)[0];
+        trace::stop();
+        hidden = hidden_fraction(trace::json());
+      }
+    }, {.enable = c.join});
     // The slowest rank's step, the least hidden share, the most optimizer state.
     Tensor stats = tensor(std::vector<double>{step, -hidden, state_bytes(*optimizer)});
     parallel::default_group().all_reduce(stats, parallel::ReduceOp::Max)->wait();
@@ -232,15 +238,16 @@ int main(int argc, char** argv) {
     else if (a == "--comm-hook") c.comm_hook = next();
     else if (a == "--optimizer") c.optimizer = next();
     else if (a == "--zero") c.zero = true;
+    else if (a == "--join") c.join = true;
     else if (a == "--help" || a == "-h") {
       std::cout << "usage: ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N] [--ranks 1,2,4] "
                    "[--bucket-mb MB] [--sync-bn] [--comm-hook allreduce|fp16|bf16|powersgd] [--optimizer sgd|adam] "
-                   "[--zero] [--json FILE]\n";
+                   "[--zero] [--join] [--json FILE]\n";
       return 0;
     } else {
       std::cerr << "ddp_overhead: unknown argument " << a
                 << " (expected --model, --batch, --steps, --ranks, --bucket-mb, --sync-bn, --comm-hook, --optimizer, "
-                   "--zero, --json)\n";
+                   "--zero, --join, --json)\n";
       return 2;
     }
   }
@@ -260,7 +267,8 @@ int main(int argc, char** argv) {
               << (c.comm_hook != "allreduce" ? ", " + c.comm_hook + " communication hook" : "")
               << ", " << (c.optimizer == "adam" ? "Adam" : "SGD with momentum")
               << (c.zero ? " sharded by ZeroRedundancyOptimizer" : "")
-              << ", median of " << c.steps << " steps; " << num_threads()
+              << (c.join ? ", steps inside a join (even inputs)" : "") << ", median of " << c.steps
+              << " steps; " << num_threads()
               << " CPU threads shared by the ranks\n"
               << "# model    ranks   ddp step   plain step    ratio    hidden   opt state\n"
               << "#                     (ms)        (ms)              (all-reduce     (KB, most\n"
@@ -288,7 +296,8 @@ int main(int argc, char** argv) {
                                                              c.ranks + " --threads " + std::to_string(num_threads()) +
                                                              " --bucket-mb " + std::to_string(c.bucket_mb) +
                                                              " --comm-hook " + c.comm_hook + " --optimizer " +
-                                                             c.optimizer + (c.zero ? " --zero" : ""));
+                                                             c.optimizer + (c.zero ? " --zero" : "") +
+                                                             (c.join ? " --join" : ""));
     if (torch.empty()) {
       std::cout << "# PyTorch reference not run (no python3 with torch; tools/install-deps --bench)\n";
     } else {

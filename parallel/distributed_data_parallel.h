@@ -13,10 +13,11 @@
 // error names the first that differs and the ranks), and rank 0's parameters and buffers
 // are broadcast to the others, so every replica starts equal. Each forward with grad mode on
 // broadcasts rank 0's buffers first (broadcast_buffers: BatchNorm's running statistics stay
-// equal; evaluation forwards do not, since the ranks' evaluation shards may differ in
-// length, and a collective in unequal numbers of forwards would hang) and
-// readies the Reducer (parallel/reducer.h), whose hooks launch each bucket's all-reduce as
-// soon as its gradients are in, overlapping communication with the rest of backward.
+// equal; in a join, the buffers of the highest rank still iterating; evaluation forwards do
+// not, since the ranks' evaluation shards may differ in length, and a collective in unequal
+// numbers of forwards would hang) and readies the Reducer (parallel/reducer.h), whose hooks
+// launch each bucket's all-reduce as soon as its gradients are in, overlapping
+// communication with the rest of backward.
 // no_sync() skips the reduction: gradients accumulate locally, and the next synchronised
 // backward reduces the sum (gradient accumulation over several micro-batches).
 //
@@ -24,13 +25,21 @@
 // built-ins (allreduce, fp16 and bf16 compression) and says how to write one;
 // parallel/powersgd_hook.h has PowerSGD's.
 //
+// Uneven inputs: join() (parallel/join.h) lets ranks with fewer batches shadow the others'
+// collectives until every rank has run out; afterwards every rank holds the model of the
+// ranks that ran out last. While shadowing, a rank's gradients hold each shadowed
+// iteration's averages (PyTorch leaves them as they were), so that a ZeroRedundancyOptimizer
+// in the same join steps its shard on the gradients the others step on.
+//
 // Where weft differs from PyTorch: one input tensor per forward (as nn::Module).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "nn/module.h"
+#include "parallel/join.h"
 #include "parallel/process_group.h"
 #include "parallel/reducer.h"
 
@@ -44,7 +53,7 @@ struct DDPOptions {
   bool broadcast_buffers = true;
 };
 
-class DistributedDataParallel : public nn::Cloneable<DistributedDataParallel> {
+class DistributedDataParallel : public nn::Cloneable<DistributedDataParallel>, public Joinable {
  public:
   // group: null means the default group (parallel/distributed.h).
   explicit DistributedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group = nullptr,
@@ -59,6 +68,13 @@ class DistributedDataParallel : public nn::Cloneable<DistributedDataParallel> {
   const DDPOptions& options() const { return options_; }
   void register_comm_hook(CommHook hook) { reducer().set_comm_hook(std::move(hook)); }
   std::string extra_repr() const override;
+
+  // Runs `body` (a training loop over this rank's inputs) inside a join of this module alone:
+  // parallel::join({this}, body, options).
+  void join(const std::function<void()>& body, const JoinOptions& options = {});
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
+  Device join_device() const override { return device_; }
+  ProcessGroup& join_process_group() const override { return *group_; }
 
   // While alive, forward and backward skip the reduction (PyTorch's `with ddp.no_sync():`).
   class NoSync {
@@ -76,10 +92,20 @@ class DistributedDataParallel : public nn::Cloneable<DistributedDataParallel> {
 
  private:
   void check_same_parameters_on_every_rank() const;
-  void broadcast_from_rank0(const std::vector<Tensor>& tensors) const;
+  void broadcast_from(const std::vector<Tensor>& tensors, int root) const;
+  bool syncs_buffers() const;
+  // Inside a join: the highest rank among those whose `candidate` is true (a collective).
+  int highest_rank_where(bool candidate) const;
+  // Inside a join, each training forward tells the ranks that ran out whether its backward
+  // reduces (one all-reduce: the sum of the ranks' answers, 0 from those that ran out).
+  void announce_whether_backward_reduces(bool reduces) const;
+  bool backward_reduces_elsewhere() const;  // on a rank that ran out
+
+  class ShadowingHook;  // the join hook
 
   std::shared_ptr<ProcessGroup> group_;
   DDPOptions options_;
+  Device device_ = kCPU;  // the parameters' (the first one's): where the join's flags go
   std::shared_ptr<Reducer> reducer_;
   bool require_sync_ = true;
 };

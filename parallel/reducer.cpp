@@ -162,6 +162,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs) {
   unused_.clear();
   next_to_launch_ = 0;
   callback_queued_ = false;
+  active_ranks_.reset();
   expecting_ = true;
   if (!options_.find_unused_parameters) return;
   // Walk the graph back from the outputs: a parameter whose accumulator is not reached
@@ -214,19 +215,21 @@ void Reducer::mark_ready(size_t param) {
   launch_ready_buckets();
 }
 
+GradBucket Reducer::grad_bucket(size_t b) const {
+  GradBucket bucket;
+  bucket.index = b;
+  bucket.is_last = b + 1 == buckets_.size();
+  bucket.buffer = buckets_[b].buffer;
+  for (size_t param : buckets_[b].params) bucket.gradients.push_back(slot_of(param));
+  return bucket;
+}
+
 void Reducer::launch_ready_buckets() {
   // In bucket order, so that every rank launches the same all-reduces in the same order.
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& b = buckets_[next_to_launch_];
     trace::instant("bucket " + std::to_string(next_to_launch_) + " ready", b.buffer.device());
-    if (!alone()) {
-      GradBucket bucket;
-      bucket.index = next_to_launch_;
-      bucket.is_last = next_to_launch_ + 1 == buckets_.size();
-      bucket.buffer = b.buffer;
-      for (size_t param : b.params) bucket.gradients.push_back(slot_of(param));
-      b.work = hook_(*group_, bucket);
-    }
+    if (!alone()) b.work = hook_(*group_, grad_bucket(next_to_launch_));
     ++next_to_launch_;
   }
 }
@@ -258,7 +261,48 @@ void Reducer::finalize() {
              errors.front());
   arrival_order_ = arrivals_;
   ++iterations_;
+  if (active_ranks_) {
+    const int64_t active = active_ranks_->wait();
+    active_ranks_.reset();
+    if (!alone()) rescale_to_active(active);
+  }
   if (!alone()) write_back();
+  if (!rebuilt_) rebuild_from_arrival_order();
+}
+
+void Reducer::divide_by_active_ranks(ActiveRanks active) {
+  WEFT_CHECK(expecting_, "Reducer::divide_by_active_ranks: call it after prepare_for_backward");
+  active_ranks_.emplace(std::move(active));
+}
+
+void Reducer::rescale_to_active(int64_t active) {
+  WEFT_CHECK(active >= 1 && active <= group_->size(), "DistributedDataParallel (rank ", group_->rank(), "): join: ",
+             active, " ranks still iterating in a group of ", group_->size());
+  if (active == group_->size()) return;
+  NoGradGuard no_grad;
+  for (Bucket& b : buckets_) mul_(b.buffer, static_cast<double>(group_->size()) / static_cast<double>(active));
+}
+
+void Reducer::reduce_as_joined_rank(std::optional<int64_t> active) {
+  WEFT_CHECK(!expecting_, "DistributedDataParallel (rank ", group_->rank(), "): a rank that ran out of inputs in a "
+             "join made a forward through DDP that was not followed by its backward");
+  NoGradGuard no_grad;
+  {
+    TraceSpan span("join: buckets with zeros", params_.empty() ? kCPU : params_.front().device());
+    // As if this rank had called zero_grad() and taken part without samples.
+    for (Tensor& p : params_) p.set_grad(Tensor());
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      fill_(buckets_[b].buffer, 0.0);
+      buckets_[b].work = hook_(*group_, grad_bucket(b));
+    }
+    std::vector<std::string> errors;
+    wait_for_launched(&errors);
+    WEFT_CHECK(errors.empty(), "DistributedDataParallel (rank ", group_->rank(), "): join: a bucket's all-reduce "
+               "failed: ", errors.front());
+  }
+  ++iterations_;
+  if (active) rescale_to_active(*active);
+  write_back();
   if (!rebuilt_) rebuild_from_arrival_order();
 }
 

@@ -27,11 +27,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 #include "parallel/comm_hooks.h"
+#include "parallel/join.h"
 #include "parallel/process_group.h"
 
 namespace weft::parallel {
@@ -66,9 +68,19 @@ class Reducer {
   // gradients.
   bool expecting_gradients() const { return expecting_; }
 
+  // Inside a join (parallel/join.h), after prepare_for_backward: this backward's averages
+  // are over the ranks still iterating, `active` (counted while backward runs), not over
+  // the group.
+  void divide_by_active_ranks(ActiveRanks active);
+  // Inside a join, on a rank that ran out, in place of a backward of the others: every
+  // bucket all-reduced with zeros from this rank, in bucket order through the hook, and the
+  // averages (over `active` ranks if given, else over the group) written to the gradients as
+  // on the others: a parameter none of them used keeps no gradient, as after zero_grad().
+  void reduce_as_joined_rank(std::optional<int64_t> active);
+
   void set_comm_hook(CommHook hook);
   const std::vector<std::vector<size_t>>& buckets() const { return bucket_indices_; }
-  // Backward passes reduced so far.
+  // Backward passes reduced so far (on a rank that ran out in a join, the shadowed ones too).
   int64_t iterations() const { return iterations_; }
   // The order in which the last reduced backward delivered the gradients (parameter indices).
   const std::vector<size_t>& arrival_order() const { return arrival_order_; }
@@ -86,7 +98,9 @@ class Reducer {
   Tensor slot_of(size_t param) const;  // the view of `param` in its bucket
   void on_gradient(size_t param);      // the post-accumulate-grad hook
   void mark_ready(size_t param);       // its gradient (or zeros, without one) is in its slot
+  GradBucket grad_bucket(size_t b) const;  // bucket b as the hook sees it
   void launch_ready_buckets();
+  void rescale_to_active(int64_t active);  // averages over the group become averages over `active` ranks
   void finalize();                     // the end-of-backward callback
   void write_back();                   // the averages into the parameters' gradients
   void wait_for_launched(std::vector<std::string>* errors);
@@ -113,6 +127,7 @@ class Reducer {
   bool callback_queued_ = false;
   int64_t iterations_ = 0;
   bool rebuilt_ = false;
+  std::optional<ActiveRanks> active_ranks_;  // divide_by_active_ranks
   std::vector<size_t> arrival_order_, arrivals_;
 };
 

@@ -181,6 +181,11 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Plan plan)
       make_shard_optimizer_(std::move(plan.make_shard_optimizer)) {}
 
 void ZeroRedundancyOptimizer::step() {
+  notify_join_context();  // in a join of this optimizer alone, not waited for: the count is not needed
+  update_and_sync();
+}
+
+void ZeroRedundancyOptimizer::update_and_sync() {
   NoGradGuard no_grad;
   if (shard_) {
     shard_->set_lr(lr());  // schedulers set the wrapper's rate
@@ -188,6 +193,21 @@ void ZeroRedundancyOptimizer::step() {
   }
   sync_params();
   ++steps_;
+}
+
+// A rank that ran out of inputs steps too: its shard's update on the gradients DDP's join
+// hook left (the others' average), then the broadcasts the others make.
+class ZeroRedundancyOptimizer::StepWhileJoined : public JoinHook {
+ public:
+  explicit StepWhileJoined(ZeroRedundancyOptimizer& zero) : zero_(zero) {}
+  void main_hook(int64_t) override { zero_.update_and_sync(); }
+
+ private:
+  ZeroRedundancyOptimizer& zero_;
+};
+
+std::unique_ptr<JoinHook> ZeroRedundancyOptimizer::join_hook(const JoinOptions&) {
+  return std::make_unique<StepWhileJoined>(*this);
 }
 
 // Every parameter from its owner: one broadcast per (owner, dtype) of the owner's parameters

@@ -27,6 +27,11 @@
 // a plain optimizer of the same kind over all the parameters would hold, with the same
 // names. load_state_dict() takes such a state on every rank, each keeping its own shard: a
 // checkpoint moves between plain and sharded training and between world sizes.
+//
+// Uneven inputs: join({ddp.get(), &optimizer}, body) (parallel/join.h). A rank that ran out
+// steps its shard on each iteration of the others, on the averaged gradients DDP's join hook
+// leaves, so every iteration inside the join must end with step() (no accumulation under
+// no_sync there; PyTorch's hook makes the same assumption).
 #pragma once
 
 #include <functional>
@@ -36,6 +41,7 @@
 #include <vector>
 
 #include "nn/optim/optimizer.h"
+#include "parallel/join.h"
 #include "parallel/process_group.h"
 
 namespace weft::parallel {
@@ -44,7 +50,7 @@ namespace weft::parallel {
 // none, once over all of them, dropped at once: what the wrapper learns its name and rate from).
 using ShardOptimizerFactory = std::function<std::shared_ptr<optim::Optimizer>(std::vector<Tensor> shard)>;
 
-class ZeroRedundancyOptimizer final : public optim::Optimizer {
+class ZeroRedundancyOptimizer final : public optim::Optimizer, public Joinable {
  public:
   // `group`: the data-parallel group (null: the default group). The parameters must share
   // one device; the factory's optimizer takes this one's name ("ZeroRedundancyOptimizer(Adam)")
@@ -64,6 +70,10 @@ class ZeroRedundancyOptimizer final : public optim::Optimizer {
   // parameters; every rank loads its own shard. A collective: when one rank's shard refuses
   // the state, every rank throws (naming that rank) and keeps its state as it was.
   void load_state_dict(const optim::OptimizerState& state) override;
+
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
+  Device join_device() const override { return device_; }
+  ProcessGroup& join_process_group() const override { return *group_; }
 
   // The rank that updates params()[i], for every i.
   const std::vector<int>& owners() const { return owner_; }
@@ -90,7 +100,9 @@ class ZeroRedundancyOptimizer final : public optim::Optimizer {
   };
   explicit ZeroRedundancyOptimizer(Plan plan);
 
+  void update_and_sync();  // step() without the join's announcement
   void sync_params();
+  class StepWhileJoined;   // the join hook
 
   std::shared_ptr<ProcessGroup> group_;
   Device device_;

@@ -1,7 +1,7 @@
 // One rank of the DistributedDataParallel tests (tests/test_ddp.cpp starts several; the
 // SyncBatchNorm and TrainLoop scenarios are in tests/ddp_worker_training.cpp, the
 // communication hooks' in tests/ddp_worker_hooks.cpp, ZeroRedundancyOptimizer's in
-// tests/ddp_worker_zero.cpp):
+// tests/ddp_worker_zero.cpp, uneven inputs' in tests/ddp_worker_join.cpp):
 //
 //   ddp_worker SCENARIO [ARGS]     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
 //
@@ -235,6 +235,9 @@ int main(int argc, char** argv) {
     if (scenario == "zero") return scenario_zero(arg1, arg2);
     if (scenario == "zero_checkpoint") return scenario_zero_checkpoint(arg1, arg2);
     if (scenario == "zero_mismatch") return scenario_zero_mismatch();
+    if (scenario == "join" && argc > 4)
+      return scenario_join(arg1, arg2, argv[4], std::vector<std::string>(argv + 5, argv + argc));
+    if (scenario == "join_throw") return scenario_join_throw(arg1);
     if (scenario == "elastic" && argc > 4)
       return scenario_elastic(arg1, arg2, argv[4], argc > 5 ? std::stoi(argv[5]) : 0);
   } catch (const std::exception& e) {

@@ -108,5 +108,9 @@ int scenario_elastic(const std::string& phase, const std::string& optimizer, con
 int scenario_zero(const std::string& model, const std::string& optimizer);
 int scenario_zero_checkpoint(const std::string& model, const std::string& optimizer);
 int scenario_zero_mismatch();
+// tests/ddp_worker_join.cpp: uneven inputs inside parallel::join.
+int scenario_join(const std::string& model, const std::string& optimizer, const std::string& counts,
+                  const std::vector<std::string>& flags);
+int scenario_join_throw(const std::string& counts);
 
 }  // namespace weft::ddp_worker

@@ -9,6 +9,7 @@
 // mode, and the SyncBatchNorm cases show training mode matching once the layers are converted.
 #include "test_util.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <tuple>
 #include <unistd.h>
@@ -16,6 +17,8 @@
 #include "parallel/comm_hooks.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/join.h"
+#include "parallel/zero_redundancy_optimizer.h"
 #include "parallel/powersgd_hook.h"
 #include "parallel/process_group_gloo.h"
 #include "parallel/sync_batch_norm.h"
@@ -283,6 +286,87 @@ TEST_CASE("the TrainLoop's ddp strategy converts BatchNorm2d layers when asked")
   }
   parallel::destroy_process_group();
   std::filesystem::remove(path);
+}
+
+TEST_CASE("DDP join: ranks with different numbers of batches end with the model one process computes for them") {
+  if (test::skip_without_gloo()) return;
+  // Note [The join's reference] in tests/ddp_worker_join.cpp. Rank r has COUNTS[r] batches.
+  const std::vector<std::vector<std::string>> cases = {
+      {"mlp", "sgd", "4,1,3"},            // one runs out early, one a step before the last
+      {"mlp", "sgd", "2,2"},              // even: nothing to shadow
+      {"mlp", "adam", "0,2,3", "active"}, // rank 0 has none (the buckets are rebuilt from its order)
+      {"bn", "sgd", "2,4,1"},             // BatchNorm's buffers from the highest rank still iterating
+      {"unused", "sgd", "3,1"},           // find_unused_parameters
+      {"mlp", "sgd", "3,1,2", "micro2"},  // two micro-batches a step, the first under no_sync
+      {"mlp", "zero-adam", "1,4,2"},      // ZeroRedundancyOptimizer in the join: the shards go on stepping
+      {"mlp", "zero-sgd", "0,3", "active"},
+      {"mlp", "sgd", "1,1,3", "views"},   // two run out together; gradients as bucket views
+      {"mlp", "sgd", "3,0,1", "fp16"},    // through a compression hook (the reference within its rounding)
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> argv = {worker, "join"};
+    argv.insert(argv.end(), c.begin(), c.end());
+    CAPTURE(argv);
+    const int world = static_cast<int>(std::count(c[2].begin(), c[2].end(), ',')) + 1;
+    test::check_all_ok(test::run_ranks(argv, world, std::chrono::seconds(180)));
+  }
+  // In debug mode every collective's fingerprint is compared across the ranks: a rank that
+  // shadows with a different collective would be named, not left waiting.
+  test::check_all_ok(test::run_ranks({worker, "join", "unused", "adam", "2,0,3", "active", "micro2"}, 3,
+                                     std::chrono::seconds(180), {{"WEFT_DISTRIBUTED_DEBUG", "1"}}));
+}
+
+TEST_CASE("DDP join with throw_on_early_termination: every rank stops where the first runs out, naming it") {
+  if (test::skip_without_gloo()) return;
+  test::check_all_ok(test::run_ranks({worker, "join_throw", "3,1,3"}, 3, std::chrono::seconds(120)));
+  test::check_all_ok(test::run_ranks({worker, "join_throw", "2,0"}, 2, std::chrono::seconds(120)));
+}
+
+TEST_CASE("join in a group of one: the body runs inside it; exceptions pass through; misuse is an error that says so") {
+  if (test::skip_without_gloo()) return;
+  auto group = test::solo_group();
+  Generator gen(9);
+  auto model = std::make_shared<nn::MLP>(6, std::vector<int64_t>{5}, 4, 0.0, &gen);
+  parallel::DistributedDataParallel ddp(model, group);
+  optim::SGD sgd(model->parameters(), optim::SGDOptions{0.1});
+  int steps = 0;
+  ddp.join([&] {
+    CHECK(ddp.in_join());
+    for (int s = 0; s < 3; ++s, ++steps) {
+      sgd.zero_grad();
+      sum(ddp(ones({2, 6}))).backward();
+      sgd.step();
+    }
+  });
+  CHECK(steps == 3);
+  CHECK_FALSE(ddp.in_join());
+  CHECK(ddp.reducer().iterations() == 3);
+  // enable = false: the body alone.
+  ddp.join([&] { CHECK_FALSE(ddp.in_join()); }, parallel::JoinOptions{.enable = false});
+  // An exception leaves the join at once, which is over afterwards.
+  CHECK_THROWS_WITH_AS(ddp.join([] { throw std::runtime_error("out of data"); }), "out of data", std::runtime_error);
+  CHECK_FALSE(ddp.in_join());
+  CHECK_THROWS_WITH_AS(parallel::join({}, [] {}), Contains("no joinables"), Error);
+  CHECK_THROWS_WITH_AS(ddp.join([&] { ddp.join([] {}); }), Contains("already inside a join"), Error);
+  CHECK_FALSE(ddp.in_join());
+  auto other_group = test::solo_group();
+  parallel::DistributedDataParallel other(std::make_shared<nn::MLP>(6, std::vector<int64_t>{5}, 4, 0.0, &gen),
+                                          other_group);
+  CHECK_THROWS_WITH_AS(parallel::join({&ddp, &other}, [] {}), Contains("different process groups"), Error);
+  parallel::ZeroRedundancyOptimizer zero(
+      model->parameters(),
+      [](std::vector<Tensor> shard) { return std::make_shared<optim::SGD>(shard, optim::SGDOptions{0.1}); },
+      group);
+  CHECK_THROWS_WITH_AS(parallel::join({&zero, &ddp}, [] {}), Contains("needs the DDP module first"), Error);
+  CHECK_THROWS_WITH_AS(parallel::join({&ddp, &zero, &ddp}, [] {}), Contains("joinable 2 is listed twice"), Error);
+  parallel::DistributedDataParallel second(std::make_shared<nn::MLP>(6, std::vector<int64_t>{5}, 4, 0.0, &gen), group);
+  CHECK_THROWS_WITH_AS(parallel::join({&ddp, &second}, [] {}), Contains("one DDP module per join"), Error);
+  CHECK_FALSE(ddp.in_join());
+  parallel::join({&ddp, &zero}, [&] {
+    sum(ddp(ones({2, 6}))).backward();
+    zero.step();
+  }, {.divide_by_initial_world_size = false});
+  CHECK_FALSE(zero.in_join());
 }
 
 TEST_CASE("assign_buckets: readiness order, one dtype and device per bucket, a small first bucket") {

@@ -7,7 +7,8 @@ and <model>_1ranks_plain_step_ms (milliseconds), <model>_<n>ranks_optimizer_stat
 optimizer state of the rank that keeps the most). --comm-hook fp16 registers PyTorch's
 fp16_compress_hook (its Gloo has no bfloat16); --comm-hook powersgd its powerSGD_hook at rank
 1, compressing from the third step. --optimizer sgd (with momentum) or adam;
---zero wraps it in torch.distributed.optim.ZeroRedundancyOptimizer.
+--zero wraps it in torch.distributed.optim.ZeroRedundancyOptimizer. --join times the DDP
+steps inside `with Join([ddp, ...])` (even inputs: what the join's announcements cost).
 
     python3 bench/reference/ddp_overhead.py --model all --batch 64 --steps 15 --ranks 1,2,4 --json out.json
 """
@@ -25,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.join import Join
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -87,8 +89,10 @@ def rank_main(rank, world, port, args, out_path):
                                                 start_powerSGD_iter=2)
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         optimizer = make_optimizer(ddp.parameters(), args, args.zero)
-        stats = torch.tensor([median_step(ddp, optimizer, x, y, args.steps), state_bytes(optimizer)],
-                             dtype=torch.float64)
+        joinables = [ddp] + ([optimizer] if args.zero else [])
+        with Join(joinables, enable=args.join):
+            step_ms = median_step(ddp, optimizer, x, y, args.steps)
+        stats = torch.tensor([step_ms, state_bytes(optimizer)], dtype=torch.float64)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         results[f"{name}_{world}ranks_ddp_step_ms"] = stats[0].item()
         results[f"{name}_{world}ranks_optimizer_state_bytes"] = stats[1].item()
@@ -115,6 +119,7 @@ def main():
     p.add_argument("--comm-hook", default="allreduce", choices=["allreduce", "fp16", "powersgd"])
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     p.add_argument("--zero", action="store_true")
+    p.add_argument("--join", action="store_true")
     p.add_argument("--json", default="")
     args = p.parse_args()
     out = {}
