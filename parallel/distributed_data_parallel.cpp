@@ -160,11 +160,12 @@ class DistributedDataParallel::ShadowingHook : public parallel::JoinHook {
  public:
   ShadowingHook(DistributedDataParallel& ddp, JoinOptions options) : ddp_(ddp), options_(options) {}
 
-  void main_hook(int64_t active) override {
+  void main_hook(JoinRound& round) override {
     if (ddp_.syncs_buffers()) ddp_.broadcast_from(ddp_.module().buffers(), ddp_.highest_rank_where(false));
-    if (!ddp_.backward_reduces_elsewhere()) return;  // their backward runs under no_sync
+    round.gradients_reduced = ddp_.backward_reduces_elsewhere();
+    if (!round.gradients_reduced) return;  // their backward runs under no_sync
     ddp_.reducer().reduce_as_joined_rank(options_.divide_by_initial_world_size ? std::nullopt
-                                                                               : std::optional<int64_t>(active));
+                                                                               : std::optional<int64_t>(round.active));
   }
 
   void post_hook(bool is_last_joiner) override {

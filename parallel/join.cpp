@@ -105,7 +105,8 @@ void join(const std::vector<Joinable*>& joinables, const std::function<void()>& 
                 "and the join was made with throw_on_early_termination, so every rank stops here (ranks that ran "
                 "out together: ", ranks_flagged(flags), ")");
     }
-    for (auto& hook : hooks) hook->main_hook(active);
+    JoinRound round{active};
+    for (auto& hook : hooks) hook->main_hook(round);
     is_last_joiner = false;
     if (++shadowed == kSkewWarning)
       std::cerr << "weft: join: rank " << group.rank() << " has shadowed " << kSkewWarning << " iterations of ranks "

@@ -58,13 +58,22 @@ struct JoinOptions {
   bool divide_by_initial_world_size = true;
 };
 
+// One iteration of the ranks still iterating, as the hooks of a rank that ran out see it, in
+// the joinables' order: what one hook learns, the next can use.
+struct JoinRound {
+  int64_t active = 0;              // ranks still iterating
+  // The others' backward reduced their gradients: false when DDP's hook finds it ran under
+  // no_sync (an optimizer steps after a reduced backward only).
+  bool gradients_reduced = true;
+};
+
 // What a rank that ran out does in place of one iteration (main_hook), and once every rank
 // has run out (post_hook).
 class JoinHook {
  public:
   virtual ~JoinHook() = default;
-  // The collectives of one iteration of the ranks still iterating (`active` of them).
-  virtual void main_hook(int64_t active) { (void)active; }
+  // The collectives of one iteration of the ranks still iterating.
+  virtual void main_hook(JoinRound& round) { (void)round; }
   // Every rank, after the last iteration: is_last_joiner is true on the ranks that ran out
   // last (they did not shadow anything).
   virtual void post_hook(bool is_last_joiner) { (void)is_last_joiner; }

@@ -195,12 +195,15 @@ void ZeroRedundancyOptimizer::update_and_sync() {
   ++steps_;
 }
 
-// A rank that ran out of inputs steps too: its shard's update on the gradients DDP's join
-// hook left (the others' average), then the broadcasts the others make.
+// A rank that ran out of inputs steps too, after each iteration whose backward reduced (the
+// others step after those; under no_sync they accumulate): its shard's update on the
+// gradients DDP's join hook left (the others' average), then the broadcasts the others make.
 class ZeroRedundancyOptimizer::StepWhileJoined : public JoinHook {
  public:
   explicit StepWhileJoined(ZeroRedundancyOptimizer& zero) : zero_(zero) {}
-  void main_hook(int64_t) override { zero_.update_and_sync(); }
+  void main_hook(JoinRound& round) override {
+    if (round.gradients_reduced) zero_.update_and_sync();
+  }
 
  private:
   ZeroRedundancyOptimizer& zero_;

@@ -29,9 +29,9 @@
 // checkpoint moves between plain and sharded training and between world sizes.
 //
 // Uneven inputs: join({ddp.get(), &optimizer}, body) (parallel/join.h). A rank that ran out
-// steps its shard on each iteration of the others, on the averaged gradients DDP's join hook
-// leaves, so every iteration inside the join must end with step() (no accumulation under
-// no_sync there; PyTorch's hook makes the same assumption).
+// steps its shard after each backward of the others that reduced (DDP's join hook says which),
+// on the averaged gradients that hook leaves; so the body steps after each backward that
+// reduces (after every one, or after the last micro-batch accumulated under no_sync).
 #pragma once
 
 #include <functional>

@@ -7,6 +7,11 @@
 //
 //   seed004_style --world-size 3 --rank 0 & seed004_style --world-size 3 --rank 1 & ...
 //   weft-run --nproc-per-node 3 seed004_style
+//   weft-run --nproc-per-node 3 seed004_style --uneven
+//
+// --uneven trains on every sample exactly once per epoch: 121 samples shared without padding
+// (DistributedEvalSampler, shuffled each epoch), so at 3 ranks rank 0 has 5 batches of 10
+// and the others 4, and the loop runs inside ddp->join() (parallel/join.h).
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -17,10 +22,12 @@ using namespace weft;
 
 int main(int argc, char** argv) {
   parallel::InitOptions options;  // init_method "env://"
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool uneven = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--world-size") options.world_size = std::atoi(argv[i + 1]);
-    if (flag == "--rank") options.rank = std::atoi(argv[i + 1]);
+    if (flag == "--world-size" && i + 1 < argc) options.world_size = std::atoi(argv[++i]);
+    else if (flag == "--rank" && i + 1 < argc) options.rank = std::atoi(argv[++i]);
+    else if (flag == "--uneven") uneven = true;
   }
   if (options.rank >= 0) {  // started by hand: say where rank 0 serves the rendezvous
     ::setenv("RANK", std::to_string(options.rank).c_str(), 0);
@@ -37,28 +44,41 @@ int main(int argc, char** argv) {
     if (t.to_vector<float>()[0] != world * (world + 1) / 2) return 1;
 
     // Seed 004's training, on learnable synthetic images (a pattern per class plus noise).
+    const int64_t samples = uneven ? 121 : 120;
     Generator pattern(1234), noise(5);
     Tensor prototypes = randn({10, 1, 28, 28}, DType::Float32, &pattern);
-    Tensor labels = randint(0, 10, {120}, DType::Int64, &noise);
-    Tensor images = add(index_select(prototypes, 0, labels), randn({120, 1, 28, 28}, DType::Float32, &noise));
+    Tensor labels = randint(0, 10, {samples}, DType::Int64, &noise);
+    Tensor images = add(index_select(prototypes, 0, labels), randn({samples, 1, 28, 28}, DType::Float32, &noise));
     auto train_set = std::make_shared<data::TensorDataset>(images, labels);
     auto model = std::make_shared<nn::ConvNet>();
     auto ddp = std::make_shared<parallel::DistributedDataParallel>(model);
     optim::SGD sgd(model->parameters(), optim::SGDOptions{0.01 * world, 0.9});  // seed 004: lr scales with ranks
-    data::DataLoader loader(train_set, {.batch_size = 10},
-                            std::make_shared<data::DistributedSampler>(train_set->size(), world, rank));
+    std::shared_ptr<data::Sampler> sampler;
+    if (uneven)
+      sampler = std::make_shared<data::DistributedEvalSampler>(train_set->size(), world, rank,
+                                                               data::EvalShard::Strided, /*shuffle=*/true);
+    else
+      sampler = std::make_shared<data::DistributedSampler>(train_set->size(), world, rank);
+    data::DataLoader loader(train_set, {.batch_size = 10}, sampler);
     double first = 0, last = 0;
+    int64_t batches = 0;
     for (int epoch = 0; epoch < 3; ++epoch) {
       loader.set_epoch(epoch);
-      for (const data::Batch& batch : loader) {
-        sgd.zero_grad();
-        Tensor loss = cross_entropy((*ddp)(batch.data), batch.target);
-        loss.backward();
-        sgd.step();
-        last = loss.item();
-        if (first == 0) first = last;
-      }
+      // With uneven shares, a rank that runs out shadows the others' collectives until every
+      // rank has (without the join, the others' next all-reduce would wait for it in vain).
+      ddp->join([&] {
+        for (const data::Batch& batch : loader) {
+          sgd.zero_grad();
+          Tensor loss = cross_entropy((*ddp)(batch.data), batch.target);
+          loss.backward();
+          sgd.step();
+          last = loss.item();
+          if (first == 0) first = last;
+          ++batches;
+        }
+      }, {.enable = uneven});
     }
+    if (uneven) std::cout << "rank " << rank << ": " << batches << " batches in 3 epochs" << std::endl;
     // Every replica took the same steps: rank 0's weights, broadcast, equal this rank's.
     Tensor mine = model->parameters()[0].detach().clone(), zeroth = mine.clone();
     parallel::default_group().broadcast(zeroth, 0)->wait();

@@ -300,6 +300,7 @@ TEST_CASE("DDP join: ranks with different numbers of batches end with the model 
       {"mlp", "sgd", "3,1,2", "micro2"},  // two micro-batches a step, the first under no_sync
       {"mlp", "zero-adam", "1,4,2"},      // ZeroRedundancyOptimizer in the join: the shards go on stepping
       {"mlp", "zero-sgd", "0,3", "active"},
+      {"mlp", "zero-sgd", "3,1,2", "micro2"},  // the shards step after the reduced backward only
       {"mlp", "sgd", "1,1,3", "views"},   // two run out together; gradients as bucket views
       {"mlp", "sgd", "3,0,1", "fp16"},    // through a compression hook (the reference within its rounding)
   };
