@@ -106,6 +106,18 @@ TEST_CASE("nccl: ZeroRedundancyOptimizer on CUDA ranks equals the plain optimize
                                          std::chrono::seconds(240)));
 }
 
+TEST_CASE("nccl: DDP join on CUDA ranks with different numbers of batches ends with the reference's model") {
+  if (skip_without_nccl()) return;
+  // Note [The join's reference] in tests/ddp_worker_join.cpp: the join's flags and counts are
+  // CUDA tensors here, read back on the host where a rank needs them.
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "join", "bn", "sgd", "2,4,1"}, nccl_rank_envs(3),
+                                         std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "join", "mlp", "zero-adam", "0,3", "active", "micro2"},
+                                         nccl_rank_envs(2), std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "join_throw", "3,1,3"}, nccl_rank_envs(3),
+                                         std::chrono::seconds(240)));
+}
+
 TEST_CASE("nccl: SyncBatchNorm on CUDA ranks equals BatchNorm2d on the whole batch") {
   if (skip_without_nccl()) return;
   test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "sync_bn", "sgd"}, nccl_rank_envs(2),
