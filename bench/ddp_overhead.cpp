@@ -4,7 +4,7 @@
 //   build/bench/ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N]
 //                            [--ranks 1,2,4] [--bucket-mb MB] [--sync-bn]
 //                            [--comm-hook allreduce|fp16|bf16|powersgd] [--optimizer sgd|adam] [--zero]
-//                            [--join] [--json FILE]
+//                            [--join] [--local-sgd PERIOD] [--json FILE]
 //
 // For each world size it starts that many ranks (this executable again, as local CPU
 // processes with weft-run's variables, Gloo over loopback; under a launcher it is one rank
@@ -29,7 +29,12 @@
 // torch.distributed.optim.ZeroRedundancyOptimizer), which adds a broadcast of the parameters
 // to each step and divides the optimizer state among the ranks: the last column is the state
 // the most loaded rank keeps. --join times the steps inside a join (parallel/join.h; PyTorch's
-// `with Join([ddp, ...])`), on even inputs: what its per-step announcements cost.
+// `with Join([ddp, ...])`), on even inputs: what its per-step announcements cost. --local-sgd
+// PERIOD trains with local SGD on both sides (parallel/post_localsgd_hook.h; PyTorch's
+// post_localSGD_hook and PostLocalSGDOptimizer): from the third step no gradient crosses the
+// wire, and the parameters are averaged after every PERIOD-th step. The steps then differ (one
+// in PERIOD averages), so the figure is their mean over a multiple of PERIOD steps (--steps
+// rounded up), not the median.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -62,6 +67,7 @@ struct Config {
   std::string optimizer = "sgd";
   bool zero = false;
   bool join = false;
+  int64_t local_sgd = 0;  // the averaging period; 0: plain DDP
 };
 
 std::shared_ptr<nn::Module> make_model(const std::string& name) {
@@ -99,6 +105,12 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
 // One training step of `runner` (a model, or DDP around one) on this rank's batch, in ms.
 double train_step(nn::Module& runner, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
   auto t = Clock::now();
@@ -116,17 +128,17 @@ double train_step(nn::Module& runner, optim::Optimizer& opt, const Tensor& x, co
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-// Median steps of each runner, their steps taken in turns (a slow spell of a shared
-// machine lands on all of them alike).
+// Median steps of each runner (or the mean, with `use_mean`), their steps taken in turns (a
+// slow spell of a shared machine lands on all of them alike).
 std::vector<double> time_steps(const std::vector<std::pair<nn::Module*, optim::Optimizer*>>& runners, const Tensor& x,
-                               const Tensor& y, int steps) {
+                               const Tensor& y, int steps, bool use_mean = false) {
   for (int i = 0; i < 3; ++i)
     for (auto [m, o] : runners) train_step(*m, *o, x, y);
   std::vector<std::vector<double>> ms(runners.size());
   for (int i = 0; i < steps; ++i)
     for (size_t k = 0; k < runners.size(); ++k) ms[k].push_back(train_step(*runners[k].first, *runners[k].second, x, y));
   std::vector<double> out;
-  for (auto& v : ms) out.push_back(median(v));
+  for (auto& v : ms) out.push_back(use_mean ? mean(v) : median(v));
   return out;
 }
 
@@ -176,6 +188,12 @@ int run_rank(const Config& c) {
     else if (c.comm_hook != "allreduce")
       ddp.register_comm_hook(parallel::comm_hook_named(c.comm_hook));
     auto optimizer = make_optimizer(c, model->parameters(), c.zero);
+    if (c.local_sgd > 0) {  // local from the third step: every timed step is local
+      ddp.register_comm_hook(parallel::post_localsgd_hook(std::make_shared<parallel::PostLocalSGDState>(
+          nullptr, parallel::PostLocalSGDOptions{.start_iteration = 2, .post_local_gradient_allreduce = false})));
+      optimizer = std::make_shared<parallel::PostLocalSGDOptimizer>(
+          optimizer, std::make_shared<parallel::PeriodicModelAverager>(c.local_sgd, 2));
+    }
     std::vector<parallel::Joinable*> joinables{&ddp};
     if (auto* zero = dynamic_cast<parallel::ZeroRedundancyOptimizer*>(optimizer.get())) joinables.push_back(zero);
     double step = 0, plain = 0, hidden = 0;
@@ -183,11 +201,12 @@ int run_rank(const Config& c) {
       if (world == 1) {  // DDP's own cost: against the plain model, in turns
         auto bare = make_model(name);
         auto bare_optimizer = make_optimizer(c, bare->parameters(), false);
-        auto ms = time_steps({{&ddp, optimizer.get()}, {bare.get(), bare_optimizer.get()}}, x, y, c.steps);
+        auto ms = time_steps({{&ddp, optimizer.get()}, {bare.get(), bare_optimizer.get()}}, x, y, c.steps,
+                             c.local_sgd > 0);
         step = ms[0], plain = ms[1];
       } else {  // with a trace of the steps, for the hidden share
         trace::start();
-        step = time_steps({{&ddp, optimizer.get()}}, x, y, c.steps)[0];
+        step = time_steps({{&ddp, optimizer.get()}}, x, y, c.steps, c.local_sgd > 0)[0];
         trace::stop();
         hidden = hidden_fraction(trace::json());
       }
@@ -201,12 +220,15 @@ int run_rank(const Config& c) {
                 << std::setprecision(2) << std::setw(11) << v[0];
       if (world == 1) std::cout << std::setw(11) << plain << std::setw(9) << v[0] / plain << "x";
       else std::cout << std::setw(11) << "" << std::setw(10) << "";
-      std::cout << std::setw(10) << std::setprecision(0) << (world > 1 ? -v[1] * 100 : 0) << "%" << std::setw(12)
+      // With local SGD only the warm-up's gradients are all-reduced: no share to speak of.
+      if (c.local_sgd > 0) std::cout << std::setw(11) << "-";
+      else std::cout << std::setw(10) << std::setprecision(0) << (world > 1 ? -v[1] * 100 : 0) << "%";
+      std::cout << std::setw(12)
                 << std::setprecision(1) << v[2] / 1024 << std::defaultfloat << "\n";
       const std::string key = name + "_" + std::to_string(world) + "ranks_";
       json.add(key + "ddp_step_ms", v[0]);
       if (world == 1) json.add(key + "plain_step_ms", plain);
-      json.add(key + "hidden_fraction", -v[1]);
+      if (c.local_sgd == 0) json.add(key + "hidden_fraction", -v[1]);
       json.add(key + "optimizer_state_bytes", v[2]);
     }
   }
@@ -239,15 +261,16 @@ int main(int argc, char** argv) {
     else if (a == "--optimizer") c.optimizer = next();
     else if (a == "--zero") c.zero = true;
     else if (a == "--join") c.join = true;
+    else if (a == "--local-sgd") c.local_sgd = std::stoll(next());
     else if (a == "--help" || a == "-h") {
       std::cout << "usage: ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N] [--ranks 1,2,4] "
                    "[--bucket-mb MB] [--sync-bn] [--comm-hook allreduce|fp16|bf16|powersgd] [--optimizer sgd|adam] "
-                   "[--zero] [--join] [--json FILE]\n";
+                   "[--zero] [--join] [--local-sgd PERIOD] [--json FILE]\n";
       return 0;
     } else {
       std::cerr << "ddp_overhead: unknown argument " << a
                 << " (expected --model, --batch, --steps, --ranks, --bucket-mb, --sync-bn, --comm-hook, --optimizer, "
-                   "--zero, --join, --json)\n";
+                   "--zero, --join, --local-sgd, --json)\n";
       return 2;
     }
   }
@@ -261,13 +284,21 @@ int main(int argc, char** argv) {
       std::cerr << "ddp_overhead: --optimizer " << c.optimizer << ": expected sgd or adam\n";
       return 2;
     }
+    if (c.local_sgd < 0 || (c.local_sgd > 0 && (c.comm_hook != "allreduce" || c.zero || c.join))) {
+      std::cerr << "ddp_overhead: --local-sgd takes a period >= 1 and goes with neither --comm-hook, --zero nor "
+                   "--join\n";
+      return 2;
+    }
+    if (c.local_sgd > 0) c.steps = static_cast<int>((c.steps + c.local_sgd - 1) / c.local_sgd * c.local_sgd);
     if (parallel::launched_as_rank()) return run_rank(c);
     std::cout << "# ddp_overhead: DDP (Gloo, CPU ranks as processes on this machine), batch " << c.batch
               << " per rank, buckets of " << c.bucket_mb << " MB" << (c.sync_bn ? ", SyncBatchNorm" : "")
               << (c.comm_hook != "allreduce" ? ", " + c.comm_hook + " communication hook" : "")
               << ", " << (c.optimizer == "adam" ? "Adam" : "SGD with momentum")
               << (c.zero ? " sharded by ZeroRedundancyOptimizer" : "")
-              << (c.join ? ", steps inside a join (even inputs)" : "") << ", median of " << c.steps
+              << (c.join ? ", steps inside a join (even inputs)" : "")
+              << (c.local_sgd > 0 ? ", local SGD averaging every " + std::to_string(c.local_sgd) + " steps" : "")
+              << (c.local_sgd > 0 ? ", mean of " : ", median of ") << c.steps
               << " steps; " << num_threads()
               << " CPU threads shared by the ranks\n"
               << "# model    ranks   ddp step   plain step    ratio    hidden   opt state\n"
@@ -297,7 +328,8 @@ int main(int argc, char** argv) {
                                                              " --bucket-mb " + std::to_string(c.bucket_mb) +
                                                              " --comm-hook " + c.comm_hook + " --optimizer " +
                                                              c.optimizer + (c.zero ? " --zero" : "") +
-                                                             (c.join ? " --join" : ""));
+                                                             (c.join ? " --join" : "") +
+                                                             " --local-sgd " + std::to_string(c.local_sgd));
     if (torch.empty()) {
       std::cout << "# PyTorch reference not run (no python3 with torch; tools/install-deps --bench)\n";
     } else {

@@ -26,6 +26,7 @@ struct DefaultGroup {
   std::chrono::milliseconds timeout{0};
   std::string bind_host;
   int next_group_id = 0;
+  std::string backend;  // as init_process_group was given it: what sub-groups use by default
 };
 
 std::mutex state_mutex;
@@ -151,7 +152,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, con
   if (rank == 0 || std::getenv("WEFT_DISTRIBUTED_VERBOSE"))
     std::cerr << "weft: rank " << rank << " of " << size << " joined the default " << group->backend_name()
               << " group (" << method << ", rank and size from " << origin << ")\n";
-  state = std::make_unique<DefaultGroup>(DefaultGroup{group, store, options.timeout, bind_host, 0});
+  state = std::make_unique<DefaultGroup>(DefaultGroup{group, store, options.timeout, bind_host, 0, backend});
   return group;
 }
 
@@ -196,14 +197,15 @@ std::shared_ptr<Store> default_store() {
   return current("default_store").store;
 }
 
-std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& backend) {
+std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& backend_or_default) {
   std::shared_ptr<Store> store;
   int me = 0, world = 0, id = 0;
   std::chrono::milliseconds timeout{0};
-  std::string bind_host;
+  std::string bind_host, backend = backend_or_default;
   {
     std::lock_guard lock(state_mutex);
     DefaultGroup& d = current("new_group");
+    if (backend.empty()) backend = d.backend;
     store = d.store;
     me = d.group->rank();
     world = d.group->size();
@@ -222,6 +224,24 @@ std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std
   if (index < 0) return nullptr;
   return new_group_from_store(backend, std::make_shared<PrefixStore>("group_" + std::to_string(id), store), index,
                               static_cast<int>(ranks.size()), timeout, bind_host);
+}
+
+std::shared_ptr<ProcessGroup> new_subgroups(int group_size, const std::string& backend) {
+  const int world = get_world_size();
+  if (group_size == 0) {
+    WEFT_CHECK(launched_as_rank(), "new_subgroups: without a group size it makes one group per machine, of ",
+               "LOCAL_WORLD_SIZE ranks, but this process was not started by a launcher: give the group size");
+    group_size = read_launch_env().local_world_size;
+  }
+  WEFT_CHECK(group_size >= 1 && group_size <= world && world % group_size == 0, "new_subgroups: a group size of ",
+             group_size, " does not divide the default group's ", world, " ranks into equal groups");
+  std::shared_ptr<ProcessGroup> mine;
+  for (int first = 0; first < world; first += group_size) {
+    std::vector<int> ranks(static_cast<size_t>(group_size));
+    for (int i = 0; i < group_size; ++i) ranks[static_cast<size_t>(i)] = first + i;
+    if (auto group = new_group(ranks, backend)) mine = group;
+  }
+  return mine;
 }
 
 }  // namespace weft::parallel

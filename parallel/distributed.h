@@ -66,8 +66,15 @@ std::shared_ptr<Store> default_store();
 
 // A group of some of the default group's ranks (PyTorch's new_group). Every rank of the
 // default group must call it, with the same ranks, in the same order of calls; members get
-// their group (ranks renumbered in the order given), the others nullptr.
-std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& backend = "gloo");
+// their group (ranks renumbered in the order given), the others nullptr. `backend`: empty
+// for the default group's.
+std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& backend = "");
+// The default group cut into groups of `group_size` consecutive ranks (PyTorch's
+// new_subgroups): ranks 0 .. size-1, size .. 2 size-1, ...; returns this rank's. 0: one group
+// per machine, of LOCAL_WORLD_SIZE ranks (from the launcher; PyTorch counts the GPUs). A size
+// that does not divide the world is an error. Every rank of the default group calls it, as
+// new_group.
+std::shared_ptr<ProcessGroup> new_subgroups(int group_size = 0, const std::string& backend = "");
 
 // A group from a store that the caller provides (tests, launch-free programs): rendezvous,
 // then the backend, then the debug check when WEFT_DISTRIBUTED_DEBUG=1.

@@ -1,4 +1,4 @@
-// The names of the reduce ops (for messages and the debug check), and then().
+// The names of the reduce ops (for messages and the debug check), then() and completed_work().
 #include "parallel/process_group.h"
 
 #include <mutex>
@@ -49,12 +49,21 @@ class ThenWork final : public Work {
   std::exception_ptr error_;
 };
 
+class CompletedWork final : public Work {
+ public:
+  void wait(std::chrono::milliseconds) override {}
+  bool is_completed() override { return true; }
+  std::exception_ptr exception() override { return nullptr; }
+};
+
 }  // namespace
 
 std::shared_ptr<Work> then(std::shared_ptr<Work> work, std::function<void()> continuation) {
   WEFT_CHECK(work != nullptr && continuation != nullptr, "then: needs an operation and a continuation");
   return std::make_shared<ThenWork>(std::move(work), std::move(continuation));
 }
+
+std::shared_ptr<Work> completed_work() { return std::make_shared<CompletedWork>(); }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {

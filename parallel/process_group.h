@@ -51,6 +51,8 @@ class Work {
 // is_completed()), and an error from either is this Work's error (PyTorch's Future.then;
 // the compression hooks widen their result back into the bucket with one).
 std::shared_ptr<Work> then(std::shared_ptr<Work> work, std::function<void()> continuation);
+// A Work that is done already and succeeded (a hook with nothing to send).
+std::shared_ptr<Work> completed_work();
 
 class ProcessGroup {
  public:

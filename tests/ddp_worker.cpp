@@ -1,7 +1,8 @@
 // One rank of the DistributedDataParallel tests (tests/test_ddp.cpp starts several; the
 // SyncBatchNorm and TrainLoop scenarios are in tests/ddp_worker_training.cpp, the
 // communication hooks' in tests/ddp_worker_hooks.cpp, ZeroRedundancyOptimizer's in
-// tests/ddp_worker_zero.cpp, uneven inputs' in tests/ddp_worker_join.cpp):
+// tests/ddp_worker_zero.cpp, uneven inputs' in tests/ddp_worker_join.cpp, local SGD's in
+// tests/ddp_worker_local_sgd.cpp):
 //
 //   ddp_worker SCENARIO [ARGS]     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
 //
@@ -238,6 +239,8 @@ int main(int argc, char** argv) {
     if (scenario == "join" && argc > 4)
       return scenario_join(arg1, arg2, argv[4], std::vector<std::string>(argv + 5, argv + argc));
     if (scenario == "join_throw") return scenario_join_throw(arg1);
+    if (scenario == "local_sgd" && argc > 5)
+      return scenario_local_sgd(arg1, std::stoll(arg2), argv[4], argv[5], argc > 6 && std::string(argv[6]) == "views");
     if (scenario == "elastic" && argc > 4)
       return scenario_elastic(arg1, arg2, argv[4], argc > 5 ? std::stoi(argv[5]) : 0);
   } catch (const std::exception& e) {

@@ -112,5 +112,8 @@ int scenario_zero_mismatch();
 int scenario_join(const std::string& model, const std::string& optimizer, const std::string& counts,
                   const std::vector<std::string>& flags);
 int scenario_join_throw(const std::string& counts);
+// tests/ddp_worker_local_sgd.cpp: the post-local SGD hook with model averagers.
+int scenario_local_sgd(const std::string& optimizer, int64_t start, const std::string& averager,
+                       const std::string& subgroup, bool bucket_view);
 
 }  // namespace weft::ddp_worker

@@ -8,10 +8,15 @@
 //   seed004_style --world-size 3 --rank 0 & seed004_style --world-size 3 --rank 1 & ...
 //   weft-run --nproc-per-node 3 seed004_style
 //   weft-run --nproc-per-node 3 seed004_style --uneven
+//   weft-run --nproc-per-node 3 seed004_style --local-sgd
 //
 // --uneven trains on every sample exactly once per epoch: 121 samples shared without padding
 // (DistributedEvalSampler, shuffled each epoch), so at 3 ranks rank 0 has 5 batches of 10
 // and the others 4, and the loop runs inside ddp->join() (parallel/join.h).
+// --local-sgd trains with post-local SGD (parallel/post_localsgd_hook.h): gradients averaged
+// over every rank for the first 4 steps, then not at all, the replicas averaged after every
+// 4th step instead (steps 4 and 8 of 12), and once more after the last, before they are
+// compared.
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -22,12 +27,13 @@ using namespace weft;
 
 int main(int argc, char** argv) {
   parallel::InitOptions options;  // init_method "env://"
-  bool uneven = false;
+  bool uneven = false, local_sgd = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--world-size" && i + 1 < argc) options.world_size = std::atoi(argv[++i]);
     else if (flag == "--rank" && i + 1 < argc) options.rank = std::atoi(argv[++i]);
     else if (flag == "--uneven") uneven = true;
+    else if (flag == "--local-sgd") local_sgd = true;
   }
   if (options.rank >= 0) {  // started by hand: say where rank 0 serves the rendezvous
     ::setenv("RANK", std::to_string(options.rank).c_str(), 0);
@@ -52,7 +58,15 @@ int main(int argc, char** argv) {
     auto train_set = std::make_shared<data::TensorDataset>(images, labels);
     auto model = std::make_shared<nn::ConvNet>();
     auto ddp = std::make_shared<parallel::DistributedDataParallel>(model);
-    optim::SGD sgd(model->parameters(), optim::SGDOptions{0.01 * world, 0.9});  // seed 004: lr scales with ranks
+    std::shared_ptr<optim::Optimizer> optimizer =  // seed 004: the rate scales with the ranks
+        std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{0.01 * world, 0.9});
+    if (local_sgd) {
+      ddp->register_comm_hook(parallel::post_localsgd_hook(std::make_shared<parallel::PostLocalSGDState>(
+          nullptr, parallel::PostLocalSGDOptions{.start_iteration = 4, .post_local_gradient_allreduce = false})));
+      optimizer = std::make_shared<parallel::PostLocalSGDOptimizer>(
+          optimizer, std::make_shared<parallel::PeriodicModelAverager>(/*period=*/4, /*warmup_steps=*/4));
+    }
+    optim::Optimizer& sgd = *optimizer;
     std::shared_ptr<data::Sampler> sampler;
     if (uneven)
       sampler = std::make_shared<data::DistributedEvalSampler>(train_set->size(), world, rank,
@@ -80,9 +94,19 @@ int main(int argc, char** argv) {
     }
     if (uneven) std::cout << "rank " << rank << ": " << batches << " batches in 3 epochs" << std::endl;
     // Every replica took the same steps: rank 0's weights, broadcast, equal this rank's.
-    Tensor mine = model->parameters()[0].detach().clone(), zeroth = mine.clone();
-    parallel::default_group().broadcast(zeroth, 0)->wait();
-    const bool same = sum(abs(sub(mine, zeroth))).item() == 0.0;
+    auto same_as_rank_0 = [&] {
+      Tensor mine = model->parameters()[0].detach().clone(), zeroth = mine.clone();
+      parallel::default_group().broadcast(zeroth, 0)->wait();
+      return sum(abs(sub(mine, zeroth))).item() == 0.0;
+    };
+    if (local_sgd) {  // three local steps since the last average: apart, until averaged
+      const bool equal = same_as_rank_0();  // a collective: every rank calls it
+      if (rank > 0)
+        std::cout << "rank " << rank << ": local SGD: " << (equal ? "equal to" : "apart from")
+                  << " rank 0's replica after the last step" << std::endl;
+      parallel::average_parameters(model->parameters(), parallel::default_group());
+    }
+    const bool same = same_as_rank_0();
     std::cout << "rank " << rank << ": DDP loss " << first << " -> " << last << (same ? ", replicas equal" : ", replicas DIFFER")
               << std::endl;
     parallel::destroy_process_group();

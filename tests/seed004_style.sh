@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs tests/seed004_style.cpp as users would: three processes started by hand with
 # --world-size / --rank (and MASTER_PORT chosen here), then under weft-run, then under
-# weft-run with --uneven (unpadded shares of 5, 4 and 4 batches inside a join).
+# weft-run with --uneven (unpadded shares of 5, 4 and 4 batches inside a join), then with
+# --local-sgd (post-local SGD with a model averager).
 #   seed004_style.sh PATH/TO/seed004_style PATH/TO/weft-run
 set -euo pipefail
 program=$1
@@ -52,5 +53,13 @@ for expected in "\[rank 0\] rank 0: 15 batches" "\[rank 2\] rank 2: 12 batches" 
                 "\[rank 1\] rank 1: DDP loss .* replicas equal" "\[rank 2\] rank 2: DDP loss .* replicas equal"; do
   grep -q "$expected" "$dir/uneven.log" || { echo "FAIL: --uneven: no '$expected':"; cat "$dir/uneven.log"; exit 1; }
 done
+for try in 1 2 3; do
+  timeout 60 "$launcher" --nproc-per-node 3 --master-port "$(free_port)" "$program" --local-sgd > "$dir/local.log" 2>&1 && break
+  if [ "$try" -lt 3 ] && port_taken "$dir/local.log"; then continue; fi
+  echo "FAIL: --local-sgd under weft-run:"; cat "$dir/local.log"; exit 1
+done
+for expected in "\[rank 1\] rank 1: local SGD: apart from rank 0" "\[rank 1\] rank 1: DDP loss .* replicas equal"; do
+  grep -q "$expected" "$dir/local.log" || { echo "FAIL: --local-sgd: no '$expected':"; cat "$dir/local.log"; exit 1; }
+done
 echo "seed004_style: by hand and under weft-run, all_reduce gives 6 and DDP trains equal replicas on every rank;" \
-     "with uneven shares (15, 12, 12 batches) inside a join too"
+     "with uneven shares (15, 12, 12 batches) inside a join too; with local SGD, apart until averaged"

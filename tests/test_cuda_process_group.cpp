@@ -118,6 +118,16 @@ TEST_CASE("nccl: DDP join on CUDA ranks with different numbers of batches ends w
                                          std::chrono::seconds(240)));
 }
 
+TEST_CASE("nccl: local SGD on CUDA ranks (post-local SGD hook, sub-groups, model averagers) equals the reference") {
+  if (skip_without_nccl()) return;
+  // Note [Local SGD's reference] in tests/ddp_worker_local_sgd.cpp: sub-groups made by
+  // new_subgroups are NCCL groups too, and the averages are all-reduces of CUDA buffers.
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "local_sgd", "adam", "2", "3", "2"}, nccl_rank_envs(4),
+                                         std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "local_sgd", "sgd", "2", "2:2,4:4", "none"},
+                                         nccl_rank_envs(4), std::chrono::seconds(240)));
+}
+
 TEST_CASE("nccl: SyncBatchNorm on CUDA ranks equals BatchNorm2d on the whole batch") {
   if (skip_without_nccl()) return;
   test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "sync_bn", "sgd"}, nccl_rank_envs(2),

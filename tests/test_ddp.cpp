@@ -18,6 +18,9 @@
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/join.h"
+#include "parallel/model_averaging.h"
+#include "parallel/post_localsgd_hook.h"
+#include "parallel/post_localsgd_optimizer.h"
 #include "parallel/zero_redundancy_optimizer.h"
 #include "parallel/powersgd_hook.h"
 #include "parallel/process_group_gloo.h"
@@ -368,6 +371,103 @@ TEST_CASE("join in a group of one: the body runs inside it; exceptions pass thro
     zero.step();
   }, {.divide_by_initial_world_size = false});
   CHECK_FALSE(zero.in_join());
+}
+
+TEST_CASE("local SGD: DDP with the post-local SGD hook and a model averager equals one process keeping a replica per "
+          "rank") {
+  if (test::skip_without_gloo()) return;
+  // Note [Local SGD's reference] in tests/ddp_worker_local_sgd.cpp. Arguments: optimizer,
+  // start_iteration (= the averager's warm-up), averager (a period, or period:group size
+  // levels), the subgroup that averages gradients after the warm-up ("none": no all-reduce).
+  test::check_all_ok(test::run_ranks({worker, "local_sgd", "sgd", "3", "4", "none"}, 2, std::chrono::seconds(120)));
+  test::check_all_ok(test::run_ranks({worker, "local_sgd", "adam", "2", "3", "2"}, 4, std::chrono::seconds(120)));
+  test::check_all_ok(test::run_ranks({worker, "local_sgd", "sgd", "2", "2:2,4:4", "none"}, 4, std::chrono::seconds(120)));
+  test::check_all_ok(test::run_ranks({worker, "local_sgd", "sgd", "0", "2", "none", "views"}, 3, std::chrono::seconds(120)));
+}
+
+TEST_CASE("model averagers: their schedules, their checks, and PostLocalSGDOptimizer's state") {
+  if (test::skip_without_gloo()) return;
+  auto group = test::solo_group();
+  parallel::PeriodicModelAverager periodic(3, 2, group);
+  std::vector<int64_t> averaging;
+  for (int64_t s = 0; s < 10; ++s)
+    if (periodic.averages_at(s)) averaging.push_back(s);
+  CHECK(averaging == std::vector<int64_t>{2, 5, 8});
+  CHECK_THROWS_WITH_AS(parallel::PeriodicModelAverager(0, 0, group), Contains("period must be >= 1, got 0"), Error);
+  CHECK_THROWS_WITH_AS(parallel::PeriodicModelAverager(2, -1, group), Contains("warmup_steps must be >= 0, got -1"),
+                       Error);
+  CHECK_THROWS_WITH_AS(parallel::PostLocalSGDState(nullptr, {.start_iteration = -2}),
+                       Contains("start_iteration must be >= 0, got -2"), Error);
+
+  // Over a group of one the averages change nothing: the wrapper steps as the plain optimizer.
+  Generator gen(5);
+  auto model = std::make_shared<nn::MLP>(6, std::vector<int64_t>{5}, 4, 0.0, &gen);
+  auto twin = std::make_shared<nn::MLP>(6, std::vector<int64_t>{5}, 4, 0.0, &gen);
+  {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < model->parameters().size(); ++i) twin->parameters()[i].copy_(model->parameters()[i]);
+  }
+  parallel::DistributedDataParallel ddp(model, group);
+  ddp.register_comm_hook(parallel::post_localsgd_hook(std::make_shared<parallel::PostLocalSGDState>(
+      nullptr, parallel::PostLocalSGDOptions{.start_iteration = 1, .post_local_gradient_allreduce = false})));
+  auto averager = std::make_shared<parallel::PeriodicModelAverager>(2, 1, group);
+  parallel::PostLocalSGDOptimizer opt(std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{0.1, 0.9}),
+                                      averager);
+  CHECK(opt.name() == "PostLocalSGDOptimizer(SGD)");
+  optim::SGD plain(twin->parameters(), optim::SGDOptions{0.1, 0.9});
+  for (int s = 0; s < 4; ++s) {
+    opt.zero_grad();
+    sum(ddp(full({3, 6}, 0.5 + s))).backward();
+    opt.step();
+    plain.zero_grad();
+    sum(twin->forward(full({3, 6}, 0.5 + s))).backward();
+    plain.step();
+  }
+  for (size_t i = 0; i < model->parameters().size(); ++i)
+    CHECK(amax(abs(sub(model->parameters()[i], twin->parameters()[i]))).item<double>() == 0);
+  CHECK(averager->step() == 4);
+  opt.set_lr(0.05);
+  auto state = opt.state_dict();
+  CHECK(state.scalars.at("averager_step") == 4);
+  CHECK(state.scalars.at("lr") == 0.05);
+
+  // Resume: the count comes back; a plain optimizer's state starts it at 0; a bad count is refused.
+  auto resumed_averager = std::make_shared<parallel::PeriodicModelAverager>(2, 1, group);
+  parallel::PostLocalSGDOptimizer resumed(
+      std::make_shared<optim::SGD>(twin->parameters(), optim::SGDOptions{0.1, 0.9}), resumed_averager);
+  resumed.load_state_dict(state);
+  CHECK(resumed_averager->step() == 4);
+  CHECK(resumed.lr() == 0.05);
+  resumed.load_state_dict(plain.state_dict());
+  CHECK(resumed_averager->step() == 0);
+  auto bad = state;
+  bad.scalars["averager_step"] = -1;
+  CHECK_THROWS_WITH_AS(resumed.load_state_dict(bad), Contains("'averager_step' must be a non-negative whole number"),
+                       Error);
+  CHECK_THROWS_WITH_AS(plain.load_state_dict(state), Contains("unexpected averager_step"), Error);
+
+  // Sub-groups and the hierarchical averager need the default group.
+  const auto path = std::filesystem::temp_directory_path() / ("weft_local_sgd_" + std::to_string(::getpid()));
+  parallel::init_process_group("gloo", {.init_method = "file://" + path.string(), .rank = 0, .world_size = 1,
+                                        .timeout = std::chrono::seconds(10)});
+  CHECK(parallel::new_subgroups(1)->size() == 1);
+  CHECK_THROWS_WITH_AS(parallel::new_subgroups(2), Contains("a group size of 2 does not divide the default group's 1 "
+                                                            "ranks"), Error);
+  if (!parallel::launched_as_rank())
+    CHECK_THROWS_WITH_AS(parallel::new_subgroups(), Contains("give the group size"), Error);
+  parallel::HierarchicalModelAverager hierarchical({{2, 1}, {6, 1}}, 1);
+  std::vector<int> sizes;
+  for (int64_t s = 0; s < 7; ++s) sizes.push_back(hierarchical.group_size_at(s));
+  CHECK(sizes == std::vector<int>{0, 0, 1, 0, 1, 0, 1});
+  using Levels = std::vector<std::pair<int64_t, int>>;
+  CHECK_THROWS_WITH_AS(parallel::HierarchicalModelAverager(Levels{}), Contains("needs at least one"), Error);
+  CHECK_THROWS_WITH_AS(parallel::HierarchicalModelAverager(Levels{{4, 1}, {2, 1}}),
+                       Contains("the periods must increase, but 2 follows 4"), Error);
+  CHECK_THROWS_WITH_AS(parallel::HierarchicalModelAverager(Levels{{0, 1}}), Contains("period 0 must be >= 1"), Error);
+  CHECK_THROWS_WITH_AS(parallel::HierarchicalModelAverager(Levels{{2, 2}}),
+                       Contains("a group size of 2 (period 2) does not divide the 1 ranks"), Error);
+  parallel::destroy_process_group();
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("assign_buckets: readiness order, one dtype and device per bucket, a small first bucket") {

@@ -9,6 +9,9 @@ fp16_compress_hook (its Gloo has no bfloat16); --comm-hook powersgd its powerSGD
 1, compressing from the third step. --optimizer sgd (with momentum) or adam;
 --zero wraps it in torch.distributed.optim.ZeroRedundancyOptimizer. --join times the DDP
 steps inside `with Join([ddp, ...])` (even inputs: what the join's announcements cost).
+--local-sgd PERIOD trains with post_localSGD_hook (local from the third step, no gradient
+all-reduce after it) and a PostLocalSGDOptimizer averaging every PERIOD steps; the steps
+then differ, so it reports their mean instead of the median.
 
     python3 bench/reference/ddp_overhead.py --model all --batch 64 --steps 15 --ranks 1,2,4 --json out.json
 """
@@ -25,9 +28,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
 from torch.distributed.algorithms.join import Join
-from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.algorithms.model_averaging import averagers
+from torch.distributed.optim import PostLocalSGDOptimizer, ZeroRedundancyOptimizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dp_overhead import ResNet  # noqa: E402  (weft's nn::ResNet(1, 10, {1, 1, 1}))
@@ -49,7 +53,7 @@ def state_bytes(optimizer):
                if torch.is_tensor(t) and t.dim() > 0)
 
 
-def median_step(model, optimizer, x, y, steps):
+def median_step(model, optimizer, x, y, steps, use_mean=False):
     times = []
     for i in range(3 + steps):
         start = time.perf_counter()
@@ -58,7 +62,7 @@ def median_step(model, optimizer, x, y, steps):
         optimizer.step()
         if i >= 3:
             times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+    return statistics.mean(times) if use_mean else statistics.median(times)
 
 
 def rank_main(rank, world, port, args, out_path):
@@ -89,9 +93,14 @@ def rank_main(rank, world, port, args, out_path):
                                                 start_powerSGD_iter=2)
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         optimizer = make_optimizer(ddp.parameters(), args, args.zero)
+        if args.local_sgd:
+            state = post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=2,
+                                                         post_local_gradient_allreduce=False)
+            ddp.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
+            optimizer = PostLocalSGDOptimizer(optimizer, averagers.PeriodicModelAverager(args.local_sgd, 2))
         joinables = [ddp] + ([optimizer] if args.zero else [])
         with Join(joinables, enable=args.join):
-            step_ms = median_step(ddp, optimizer, x, y, args.steps)
+            step_ms = median_step(ddp, optimizer, x, y, args.steps, args.local_sgd > 0)
         stats = torch.tensor([step_ms, state_bytes(optimizer)], dtype=torch.float64)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         results[f"{name}_{world}ranks_ddp_step_ms"] = stats[0].item()
@@ -120,6 +129,7 @@ def main():
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     p.add_argument("--zero", action="store_true")
     p.add_argument("--join", action="store_true")
+    p.add_argument("--local-sgd", type=int, default=0)
     p.add_argument("--json", default="")
     args = p.parse_args()
     out = {}
