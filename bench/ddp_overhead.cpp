@@ -190,7 +190,7 @@ int run_rank(const Config& c) {
     auto optimizer = make_optimizer(c, model->parameters(), c.zero);
     if (c.local_sgd > 0) {  // local from the third step: every timed step is local
       ddp.register_comm_hook(parallel::post_localsgd_hook(std::make_shared<parallel::PostLocalSGDState>(
-          nullptr, parallel::PostLocalSGDOptions{.start_iteration = 2, .post_local_gradient_allreduce = false})));
+          parallel::PostLocalSGDOptions{.start_iteration = 2, .post_local_gradient_allreduce = false})));
       optimizer = std::make_shared<parallel::PostLocalSGDOptimizer>(
           optimizer, std::make_shared<parallel::PeriodicModelAverager>(c.local_sgd, 2));
     }

@@ -2,6 +2,7 @@
 #include "parallel/join.h"
 
 #include <algorithm>
+#include <atomic>
 #include <iostream>
 #include <string>
 
@@ -11,6 +12,8 @@
 namespace weft::parallel {
 
 namespace {
+
+std::atomic<int> running_joins{0};
 
 // The announcement and the loop's answer to it: one int64 all-reduce, 1 from each rank still
 // iterating and 0 from each that ran out.
@@ -79,8 +82,10 @@ void join(const std::vector<Joinable*>& joinables, const std::function<void()>& 
     const std::vector<Joinable*>& joinables;
     ~Scope() {
       for (Joinable* j : joinables) j->config_ = {};
+      --running_joins;
     }
   } scope{joinables};
+  ++running_joins;
   for (size_t k = 0; k < joinables.size(); ++k) joinables[k]->config_ = {true, k == 0, options};
   std::vector<std::unique_ptr<JoinHook>> hooks;
   for (Joinable* j : joinables) hooks.push_back(j->join_hook(options));
@@ -114,5 +119,7 @@ void join(const std::vector<Joinable*>& joinables, const std::function<void()>& 
   }
   for (auto& hook : hooks) hook->post_hook(is_last_joiner);
 }
+
+bool join_running() { return running_joins.load() > 0; }
 
 }  // namespace weft::parallel

@@ -126,4 +126,9 @@ class Joinable {
 // `joinables`: DDP before the optimizer that steps on its gradients.
 void join(const std::vector<Joinable*>& joinables, const std::function<void()>& body, const JoinOptions& options = {});
 
+// Whether a join (with `enable`) is running on this process: its body, or a rank that ran out
+// shadowing the others. What cannot be shadowed checks it to refuse with a message rather than
+// put the ranks' collectives out of step (local SGD's averaging: parallel/model_averaging.h).
+bool join_running();
+
 }  // namespace weft::parallel

@@ -7,11 +7,14 @@
 #include "core/error.h"
 #include "kernels/shape_ops.h"
 #include "parallel/distributed.h"
+#include "parallel/join.h"
 
 namespace weft::parallel {
 
 void average_parameters(const std::vector<Tensor>& params, ProcessGroup& group) {
   if (params.empty() || group.size() == 1) return;  // a group of one is its own average
+  WEFT_CHECK(!join_running(), "average_parameters: a model average cannot run inside a join (a rank that ran out of ",
+             "inputs cannot shadow it): average after the join returns");
   NoGradGuard no_grad;
   const Device device = params[0].device();
   std::vector<DType> dtypes;
@@ -44,8 +47,9 @@ void ModelAverager::set_step(int64_t step) {
   step_ = step;
 }
 
-PeriodicModelAverager::PeriodicModelAverager(int64_t period, int64_t warmup_steps, std::shared_ptr<ProcessGroup> group)
-    : period_(period), warmup_steps_(warmup_steps), group_(group ? std::move(group) : default_group_ptr()) {
+PeriodicModelAverager::PeriodicModelAverager(int64_t period, int64_t warmup_steps,
+                                             std::optional<std::shared_ptr<ProcessGroup>> group)
+    : period_(period), warmup_steps_(warmup_steps), group_(group ? std::move(*group) : default_group_ptr()) {
   WEFT_CHECK(period_ >= 1, "PeriodicModelAverager: period must be >= 1, got ", period_);
   WEFT_CHECK(warmup_steps_ >= 0, "PeriodicModelAverager: warmup_steps must be >= 0, got ", warmup_steps_);
 }
@@ -55,7 +59,7 @@ bool PeriodicModelAverager::averages_at(int64_t step) const {
 }
 
 void PeriodicModelAverager::average_parameters(const std::vector<Tensor>& params) {
-  if (averages_at(step_)) parallel::average_parameters(params, *group_);
+  if (group_ && averages_at(step_)) parallel::average_parameters(params, *group_);
   ++step_;
 }
 

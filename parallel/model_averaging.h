@@ -17,10 +17,12 @@
 //
 // Only parameters are averaged, not buffers, and not the optimizers' state (PyTorch's
 // choice): under DDP rank 0's buffers reach every replica before each forward anyway.
+// Averaging inside a join (parallel/join.h) is an error: a rank that ran out cannot shadow it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -32,7 +34,8 @@ namespace weft::parallel {
 // Every rank's `params` replaced by their average over `group`, without recording autograd.
 // One all-reduce per dtype (the parameters flattened into one buffer each, PyTorch's
 // utils.average_parameters); every rank of the group gives the same shapes in the same order,
-// on one device. A collective: every rank of the group calls it.
+// on one device. A collective: every rank of the group calls it. Over a group of one it
+// returns at once.
 void average_parameters(const std::vector<Tensor>& params, ProcessGroup& group);
 
 // What PostLocalSGDOptimizer drives: called once per optimizer step, it decides whether
@@ -50,15 +53,18 @@ class ModelAverager {
 
 class PeriodicModelAverager final : public ModelAverager {
  public:
-  // period >= 1 and warmup_steps >= 0 (else an error naming them); group: null for the default.
-  PeriodicModelAverager(int64_t period, int64_t warmup_steps = 0, std::shared_ptr<ProcessGroup> group = nullptr);
+  // period >= 1 and warmup_steps >= 0 (else an error naming them). `group`: unset for the
+  // default group; null (new_group's answer on a rank outside the group) makes an averager
+  // that only counts, as PyTorch's skips the ranks outside its group.
+  PeriodicModelAverager(int64_t period, int64_t warmup_steps = 0,
+                        std::optional<std::shared_ptr<ProcessGroup>> group = std::nullopt);
   void average_parameters(const std::vector<Tensor>& params) override;
   // Whether a call at `step` averages.
   bool averages_at(int64_t step) const;
 
  private:
   int64_t period_, warmup_steps_;
-  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<ProcessGroup> group_;  // null on a rank outside the group
 };
 
 class HierarchicalModelAverager final : public ModelAverager {
@@ -67,7 +73,8 @@ class HierarchicalModelAverager final : public ModelAverager {
   // size divides the world (its groups are new_subgroups(size)), and the last is the whole
   // world. A step at or after warmup_steps averages within the groups of the largest
   // period that divides it, if any. Makes the sub-groups: every rank constructs it at the
-  // same point.
+  // same point. As in PyTorch, the levels need not nest (each size dividing the next), though
+  // a hierarchy usually does.
   HierarchicalModelAverager(const std::vector<std::pair<int64_t, int>>& period_group_sizes, int64_t warmup_steps = 0);
   void average_parameters(const std::vector<Tensor>& params) override;
   // The size of the groups a call at `step` averages within; 0 where it does not average.

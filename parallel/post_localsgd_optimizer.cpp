@@ -13,33 +13,46 @@ namespace {
 
 constexpr const char* kAveragerStep = "averager_step";
 
-const std::shared_ptr<optim::Optimizer>& checked(const std::shared_ptr<optim::Optimizer>& optimizer) {
+// Each of the base's arguments goes through it: their order of evaluation is not fixed.
+const optim::Optimizer& checked(const std::shared_ptr<optim::Optimizer>& optimizer) {
   WEFT_CHECK(optimizer != nullptr, "PostLocalSGDOptimizer: needs an optimizer to wrap");
-  return optimizer;
+  return *optimizer;
 }
 
 }  // namespace
 
 PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::shared_ptr<optim::Optimizer> optimizer,
                                              std::shared_ptr<ModelAverager> averager)
-    : Optimizer("PostLocalSGDOptimizer(" + checked(optimizer)->name() + ")", optimizer->params(), optimizer->lr()),
+    : Optimizer("PostLocalSGDOptimizer(" + checked(optimizer).name() + ")", checked(optimizer).params(),
+                checked(optimizer).lr()),
       optimizer_(std::move(optimizer)),
-      averager_(std::move(averager)) {
+      averager_(std::move(averager)),
+      synced_lr_(lr()) {
   WEFT_CHECK(averager_ != nullptr, name(), ": needs a model averager");
   if (optimizer_->initial_lr()) set_initial_lr(*optimizer_->initial_lr());
 }
 
+double PostLocalSGDOptimizer::current_lr() const {
+  const double mine = lr(), theirs = optimizer_->lr();
+  if (theirs == synced_lr_) return mine;
+  WEFT_CHECK(mine == synced_lr_ || mine == theirs, name(), ": the learning rate was set to ", mine, " on the wrapper "
+             "and to ", theirs, " on the wrapped ", optimizer_->name(), " since the last step: let one of them own it");
+  return theirs;
+}
+
 void PostLocalSGDOptimizer::step() {
-  optimizer_->set_lr(lr());  // schedulers set the wrapper's rate
+  const double rate = current_lr();
+  set_lr(rate);
+  optimizer_->set_lr(rate);
+  synced_lr_ = rate;
   optimizer_->step();
   averager_->average_parameters(params());
 }
 
 optim::OptimizerState PostLocalSGDOptimizer::state_dict() const {
   optim::OptimizerState state = optimizer_->state_dict();
-  state.scalars["lr"] = lr();
-  if (initial_lr()) state.scalars["initial_lr"] = *initial_lr();
-  else state.scalars.erase("initial_lr");
+  state.scalars["lr"] = current_lr();
+  if (initial_lr()) state.scalars["initial_lr"] = *initial_lr();  // else the wrapped one's, if a scheduler set it
   state.scalars[kAveragerStep] = static_cast<double>(averager_->step());
   return state;
 }
@@ -56,6 +69,7 @@ void PostLocalSGDOptimizer::load_state_dict(const optim::OptimizerState& state) 
   }
   optimizer_->load_state_dict(inner);  // checks the rest, before anything changes here
   set_lr(optimizer_->lr());
+  synced_lr_ = lr();
   if (optimizer_->initial_lr()) set_initial_lr(*optimizer_->initial_lr());
   if (!averager_step)
     std::cerr << "weft: " << name() << ".load_state_dict: the state has no '" << kAveragerStep

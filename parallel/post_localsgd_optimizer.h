@@ -10,8 +10,12 @@
 //
 // Its state is the wrapped optimizer's, plus the scalar "averager_step": the averager's count,
 // so that a resumed job averages at the same steps. Loading a state without it (saved by the
-// plain optimizer) starts that count at 0 and says so, as PyTorch's does. Learning-rate
-// schedulers and clipping act on this optimizer; its rate reaches the wrapped one at each step.
+// plain optimizer) starts that count at 0 and says so, as PyTorch's does.
+//
+// The learning rate: PyTorch's wrapper shares its parameter groups with the wrapped optimizer,
+// so a scheduler may act on either. Here each keeps a rate, and each step brings them level: a
+// change made on one side since the last step wins; changes to both, to different rates, are
+// an error (one scheduler should own the rate).
 #pragma once
 
 #include <memory>
@@ -37,8 +41,12 @@ class PostLocalSGDOptimizer final : public optim::Optimizer {
   ModelAverager& averager() const { return *averager_; }
 
  private:
+  // The rate the next step uses (see above); throws when both sides changed it differently.
+  double current_lr() const;
+
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<ModelAverager> averager_;
+  double synced_lr_;  // the rate both sides had after the last step (or construction, or load)
 };
 
 }  // namespace weft::parallel

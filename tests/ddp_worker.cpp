@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
       return scenario_join(arg1, arg2, argv[4], std::vector<std::string>(argv + 5, argv + argc));
     if (scenario == "join_throw") return scenario_join_throw(arg1);
     if (scenario == "local_sgd" && argc > 5)
-      return scenario_local_sgd(arg1, std::stoll(arg2), argv[4], argv[5], argc > 6 && std::string(argv[6]) == "views");
+      return scenario_local_sgd(arg1, std::stoll(arg2), argv[4], argv[5], std::vector<std::string>(argv + 6, argv + argc));
     if (scenario == "elastic" && argc > 4)
       return scenario_elastic(arg1, arg2, argv[4], argc > 5 ? std::stoi(argv[5]) : 0);
   } catch (const std::exception& e) {

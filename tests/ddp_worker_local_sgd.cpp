@@ -4,6 +4,8 @@
 // replica per rank and does what the job must do (Note [Local SGD's reference]).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -29,7 +31,8 @@ std::vector<std::pair<int64_t, int>> parse_levels(const std::string& spec) {
   std::string item;
   while (std::getline(in, item, ',')) {
     const size_t colon = item.find(':');
-    levels.emplace_back(std::stoll(item.substr(0, colon)), colon == std::string::npos ? 0 : std::stoi(item.substr(colon + 1)));
+    const int size = colon == std::string::npos ? 0 : std::stoi(item.substr(colon + 1));
+    levels.emplace_back(std::stoll(item.substr(0, colon)), size);
   }
   return levels;
 }
@@ -78,21 +81,27 @@ std::vector<std::vector<Tensor>> params_of(const std::vector<std::shared_ptr<nn:
 // Note [Local SGD's reference]: the process keeps one replica and one optimizer per rank,
 // all from the same weights. At step s each replica computes the gradient of its rank's rows;
 // before `start` every replica takes the mean over all of them (DDP's all-reduce), from then
-// on the mean over its subgroup (SUBGROUP ranks) or its own ("none"); each replica's optimizer
-// steps on what it took; then, where the averager averages at s, each replica's parameters
-// become the mean over its averaging group. After every step this rank's DDP replica must
-// equal its replica in the reference (1e-9, float64). The reference's replicas must differ
-// somewhere (else the scenario tests nothing that plain DDP does not).
+// on the mean over its subgroup or its own gradient (no gradient all-reduce); each replica's
+// optimizer steps on what it took; then, where the averager averages at s, each replica's
+// parameters become the mean over its averaging group. After every step this rank's DDP
+// replica must equal its replica in the reference (1e-9, float64). The reference's replicas
+// must differ somewhere (else the scenario tests nothing that plain DDP does not).
 //
-//   local_sgd OPTIMIZER START AVERAGER SUBGROUP [views]
-// AVERAGER: see parse_levels; SUBGROUP: a group size, or "none" (post_local_gradient_allreduce off).
+//   local_sgd OPTIMIZER START AVERAGER SUBGROUP [views] [micro2]
+// AVERAGER: see parse_levels. SUBGROUP: "none" (post_local_gradient_allreduce off), a group
+// size given to new_subgroups() here, or "machine:G": the state makes its default subgroup,
+// one per machine, with LOCAL_WORLD_SIZE set to G here (machines of G ranks). views: gradients
+// as bucket views; micro2: two micro-batches of one row a step, the first under no_sync.
 int scenario_local_sgd(const std::string& optimizer, int64_t start, const std::string& averager_spec,
-                       const std::string& subgroup_spec, bool bucket_view) {
+                       const std::string& subgroup_spec, const std::vector<std::string>& flags) {
+  auto has = [&](const char* flag) { return std::find(flags.begin(), flags.end(), flag) != flags.end(); };
   init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
   const int rank = get_rank(), world = get_world_size();
   const int64_t b = 2, steps = 12;
+  const bool micro = has("micro2");
   const bool allreduce_after = subgroup_spec != "none";
-  const int subgroup_size = allreduce_after ? std::stoi(subgroup_spec) : 1;
+  const bool per_machine = subgroup_spec.rfind("machine:", 0) == 0;
+  const int subgroup_size = !allreduce_after ? 1 : std::stoi(per_machine ? subgroup_spec.substr(8) : subgroup_spec);
   const auto levels = parse_levels(averager_spec);
 
   std::vector<std::shared_ptr<nn::Module>> replicas;
@@ -106,18 +115,35 @@ int scenario_local_sgd(const std::string& optimizer, int64_t start, const std::s
   DDPOptions options;
   options.bucket_cap_mb = 0.002;  // several buckets
   options.first_bucket_mb = 0.001;
-  options.gradient_as_bucket_view = bucket_view;
+  options.gradient_as_bucket_view = has("views");
   DistributedDataParallel ddp(local, nullptr, options);
-  auto subgroup = allreduce_after ? new_subgroups(subgroup_size) : nullptr;
-  if (subgroup && (subgroup->size() != subgroup_size || subgroup->rank() != rank % subgroup_size))
-    fail("new_subgroups(" + subgroup_spec + ") gave rank " + std::to_string(subgroup->rank()) + " of " +
+  PostLocalSGDOptions hook_options{.start_iteration = start, .post_local_gradient_allreduce = allreduce_after};
+  std::shared_ptr<PostLocalSGDState> state;
+  if (per_machine) {  // the variables a launcher sets on machines of subgroup_size ranks, while the state is made
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+    for (const char* name : {"LOCAL_RANK", "LOCAL_WORLD_SIZE"}) {
+      const char* value = std::getenv(name);
+      saved.emplace_back(name, value ? std::optional<std::string>(value) : std::nullopt);
+    }
+    ::setenv("LOCAL_WORLD_SIZE", std::to_string(subgroup_size).c_str(), 1);
+    ::setenv("LOCAL_RANK", std::to_string(rank % subgroup_size).c_str(), 1);
+    state = std::make_shared<PostLocalSGDState>(hook_options);
+    for (const auto& [name, value] : saved)  // the worker's device follows LOCAL_RANK (worker_backend.h)
+      value ? ::setenv(name.c_str(), value->c_str(), 1) : ::unsetenv(name.c_str());
+  } else {
+    if (allreduce_after) hook_options.subgroup = new_subgroups(subgroup_size);
+    state = std::make_shared<PostLocalSGDState>(hook_options);
+  }
+  const auto& subgroup = state->subgroup();
+  if (allreduce_after && (subgroup->size() != subgroup_size || subgroup->rank() != rank % subgroup_size))
+    fail("the subgroup (" + subgroup_spec + ") has rank " + std::to_string(subgroup->rank()) + " of " +
          std::to_string(subgroup->size()));
-  auto state = std::make_shared<PostLocalSGDState>(
-      subgroup, PostLocalSGDOptions{.start_iteration = start, .post_local_gradient_allreduce = allreduce_after});
   ddp.register_comm_hook(post_localsgd_hook(state));
   std::shared_ptr<ModelAverager> averager;
-  if (levels.size() == 1 && levels[0].second == 0) averager = std::make_shared<PeriodicModelAverager>(levels[0].first, start);
-  else averager = std::make_shared<HierarchicalModelAverager>(levels, start);
+  if (levels.size() == 1 && levels[0].second == 0)
+    averager = std::make_shared<PeriodicModelAverager>(levels[0].first, start);
+  else
+    averager = std::make_shared<HierarchicalModelAverager>(levels, start);
   PostLocalSGDOptimizer opt(make_optimizer(optimizer, local->parameters()), averager);
 
   double spread = 0;  // the largest difference between two replicas of the reference
@@ -125,7 +151,11 @@ int scenario_local_sgd(const std::string& optimizer, int64_t start, const std::s
     auto [x, y] = batch(static_cast<int>(s), world * b, sample_shape("mlp"));
     for (int r = 0; r < world; ++r) {
       optimizers[r]->zero_grad();
-      cross_entropy(replicas[r]->forward(x.narrow(0, r * b, b)), y.narrow(0, r * b, b)).backward();
+      for (int64_t m = 0; m < (micro ? 2 : 1); ++m) {  // micro-batches: gradients summed
+        const int64_t rows = micro ? 1 : b;
+        cross_entropy(replicas[r]->forward(x.narrow(0, r * b + m * rows, rows)), y.narrow(0, r * b + m * rows, rows))
+            .backward();
+      }
     }
     auto grads = grads_of(replicas);
     average_within_groups(grads, s < start ? world : subgroup_size);
@@ -139,20 +169,25 @@ int scenario_local_sgd(const std::string& optimizer, int64_t start, const std::s
     }
 
     opt.zero_grad();
-    cross_entropy(ddp(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b)).backward();
+    if (micro) {
+      {
+        auto guard = ddp.no_sync();
+        cross_entropy(ddp(x.narrow(0, rank * b, 1)), y.narrow(0, rank * b, 1)).backward();
+      }
+      cross_entropy(ddp(x.narrow(0, rank * b + 1, 1)), y.narrow(0, rank * b + 1, 1)).backward();
+    } else {
+      cross_entropy(ddp(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b)).backward();
+    }
     opt.step();
     std::string where;
-    if (!close(local->parameters(), replicas[rank]->parameters(), 1e-9, &where)) {
+    // After a difference every rank goes on with the same collectives: a rank that stopped
+    // would leave the others waiting for it until the timeout.
+    if (failures == 0 && !close(local->parameters(), replicas[rank]->parameters(), 1e-9, &where))
       fail("step " + std::to_string(s) + ": the replica differs from the reference's rank " + std::to_string(rank) +
            ": " + where);
-      break;
-    }
   }
-  if (failures > 0) {  // the loop stopped at the first difference
-    destroy_process_group();
-    return 1;
-  }
-  if (spread < 1e-6) fail("the reference's replicas never drifted apart (largest difference " + std::to_string(spread) + ")");
+  if (spread < 1e-6)
+    fail("the reference's replicas never drifted apart (largest difference " + std::to_string(spread) + ")");
   if (state->iteration() != steps || averager->step() != steps)
     fail("counted " + std::to_string(state->iteration()) + " backward passes and " + std::to_string(averager->step()) +
          " averager steps");

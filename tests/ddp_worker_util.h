@@ -114,6 +114,6 @@ int scenario_join(const std::string& model, const std::string& optimizer, const 
 int scenario_join_throw(const std::string& counts);
 // tests/ddp_worker_local_sgd.cpp: the post-local SGD hook with model averagers.
 int scenario_local_sgd(const std::string& optimizer, int64_t start, const std::string& averager,
-                       const std::string& subgroup, bool bucket_view);
+                       const std::string& subgroup, const std::vector<std::string>& flags);
 
 }  // namespace weft::ddp_worker

@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
         std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{0.01 * world, 0.9});
     if (local_sgd) {
       ddp->register_comm_hook(parallel::post_localsgd_hook(std::make_shared<parallel::PostLocalSGDState>(
-          nullptr, parallel::PostLocalSGDOptions{.start_iteration = 4, .post_local_gradient_allreduce = false})));
+          parallel::PostLocalSGDOptions{.start_iteration = 4, .post_local_gradient_allreduce = false})));
       optimizer = std::make_shared<parallel::PostLocalSGDOptimizer>(
           optimizer, std::make_shared<parallel::PeriodicModelAverager>(/*period=*/4, /*warmup_steps=*/4));
     }

@@ -124,7 +124,7 @@ TEST_CASE("nccl: local SGD on CUDA ranks (post-local SGD hook, sub-groups, model
   // new_subgroups are NCCL groups too, and the averages are all-reduces of CUDA buffers.
   test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "local_sgd", "adam", "2", "3", "2"}, nccl_rank_envs(4),
                                          std::chrono::seconds(240)));
-  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "local_sgd", "sgd", "2", "2:2,4:4", "none"},
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "local_sgd", "sgd", "2", "2:2,4:4", "machine:2", "micro2"},
                                          nccl_rank_envs(4), std::chrono::seconds(240)));
 }
 

@@ -378,11 +378,14 @@ TEST_CASE("local SGD: DDP with the post-local SGD hook and a model averager equa
   if (test::skip_without_gloo()) return;
   // Note [Local SGD's reference] in tests/ddp_worker_local_sgd.cpp. Arguments: optimizer,
   // start_iteration (= the averager's warm-up), averager (a period, or period:group size
-  // levels), the subgroup that averages gradients after the warm-up ("none": no all-reduce).
-  test::check_all_ok(test::run_ranks({worker, "local_sgd", "sgd", "3", "4", "none"}, 2, std::chrono::seconds(120)));
-  test::check_all_ok(test::run_ranks({worker, "local_sgd", "adam", "2", "3", "2"}, 4, std::chrono::seconds(120)));
-  test::check_all_ok(test::run_ranks({worker, "local_sgd", "sgd", "2", "2:2,4:4", "none"}, 4, std::chrono::seconds(120)));
-  test::check_all_ok(test::run_ranks({worker, "local_sgd", "sgd", "0", "2", "none", "views"}, 3, std::chrono::seconds(120)));
+  // levels), the subgroup that averages gradients after the warm-up ("none": no all-reduce;
+  // "machine:2": the default, one per machine of LOCAL_WORLD_SIZE = 2 ranks), flags.
+  const auto limit = std::chrono::seconds(120);
+  test::check_all_ok(test::run_ranks({worker, "local_sgd", "sgd", "3", "4", "none"}, 2, limit));
+  test::check_all_ok(test::run_ranks({worker, "local_sgd", "adam", "2", "3", "2"}, 4, limit));
+  test::check_all_ok(test::run_ranks({worker, "local_sgd", "sgd", "2", "2:2,4:4", "none"}, 4, limit));
+  test::check_all_ok(test::run_ranks({worker, "local_sgd", "sgd", "0", "2", "none", "views"}, 3, limit));
+  test::check_all_ok(test::run_ranks({worker, "local_sgd", "sgd", "2", "3", "machine:2", "micro2"}, 4, limit));
 }
 
 TEST_CASE("model averagers: their schedules, their checks, and PostLocalSGDOptimizer's state") {
@@ -396,8 +399,17 @@ TEST_CASE("model averagers: their schedules, their checks, and PostLocalSGDOptim
   CHECK_THROWS_WITH_AS(parallel::PeriodicModelAverager(0, 0, group), Contains("period must be >= 1, got 0"), Error);
   CHECK_THROWS_WITH_AS(parallel::PeriodicModelAverager(2, -1, group), Contains("warmup_steps must be >= 0, got -1"),
                        Error);
-  CHECK_THROWS_WITH_AS(parallel::PostLocalSGDState(nullptr, {.start_iteration = -2}),
+  CHECK_THROWS_WITH_AS(parallel::PostLocalSGDState({.start_iteration = -2}),
                        Contains("start_iteration must be >= 0, got -2"), Error);
+  CHECK_THROWS_WITH_AS(parallel::PostLocalSGDState({.subgroup = nullptr}), Contains("the subgroup given is null"),
+                       Error);
+  CHECK_THROWS_WITH_AS(
+      parallel::PostLocalSGDOptimizer(nullptr, std::make_shared<parallel::PeriodicModelAverager>(1, 0, group)),
+      Contains("needs an optimizer to wrap"), Error);
+  // On a rank outside its group (new_group's null) an averager only counts.
+  parallel::PeriodicModelAverager outside(1, 0, std::shared_ptr<parallel::ProcessGroup>());
+  outside.average_parameters({ones({2})});
+  CHECK(outside.step() == 1);
 
   // Over a group of one the averages change nothing: the wrapper steps as the plain optimizer.
   Generator gen(5);
@@ -409,7 +421,7 @@ TEST_CASE("model averagers: their schedules, their checks, and PostLocalSGDOptim
   }
   parallel::DistributedDataParallel ddp(model, group);
   ddp.register_comm_hook(parallel::post_localsgd_hook(std::make_shared<parallel::PostLocalSGDState>(
-      nullptr, parallel::PostLocalSGDOptions{.start_iteration = 1, .post_local_gradient_allreduce = false})));
+      parallel::PostLocalSGDOptions{.start_iteration = 1, .post_local_gradient_allreduce = false})));
   auto averager = std::make_shared<parallel::PeriodicModelAverager>(2, 1, group);
   parallel::PostLocalSGDOptimizer opt(std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{0.1, 0.9}),
                                       averager);
@@ -445,6 +457,30 @@ TEST_CASE("model averagers: their schedules, their checks, and PostLocalSGDOptim
   CHECK_THROWS_WITH_AS(resumed.load_state_dict(bad), Contains("'averager_step' must be a non-negative whole number"),
                        Error);
   CHECK_THROWS_WITH_AS(plain.load_state_dict(state), Contains("unexpected averager_step"), Error);
+
+  // A scheduler on either side owns the rate; on both, to different rates, is an error.
+  resumed.optimizer().set_lr(0.02);
+  CHECK(resumed.state_dict().scalars.at("lr") == 0.02);
+  resumed.zero_grad();
+  sum(twin->forward(ones({1, 6}))).backward();
+  resumed.step();
+  CHECK(resumed.lr() == 0.02);
+  resumed.set_lr(0.03);
+  resumed.optimizer().set_lr(0.04);
+  CHECK_THROWS_WITH_AS(resumed.step(), Contains("set to 0.03 on the wrapper and to 0.04 on the wrapped SGD"), Error);
+
+  // Local SGD inside a join is refused where it starts (the warm-up's global averages are fine).
+  auto state_in_join = std::make_shared<parallel::PostLocalSGDState>(
+      parallel::PostLocalSGDOptions{.start_iteration = 1, .post_local_gradient_allreduce = false});
+  parallel::DistributedDataParallel joined(twin, group);
+  joined.register_comm_hook(parallel::post_localsgd_hook(state_in_join));
+  int backwards = 0;
+  CHECK_THROWS_WITH_AS(joined.join([&] {
+    for (; backwards < 3; ++backwards) sum(joined(ones({1, 6}))).backward();
+  }), Contains("local SGD cannot run inside a join (iteration 1, after the warm-up of 1)"), Error);
+  CHECK(backwards == 1);
+  state_in_join->set_iteration(0);
+  CHECK_FALSE(state_in_join->local());
 
   // Sub-groups and the hierarchical averager need the default group.
   const auto path = std::filesystem::temp_directory_path() / ("weft_local_sgd_" + std::to_string(::getpid()));
