@@ -61,6 +61,7 @@
 #include "parallel/join.h"
 #include "parallel/launch_env.h"
 #include "parallel/model_averaging.h"
+#include "parallel/monitored_barrier.h"
 #include "parallel/parallel_apply.h"
 #include "parallel/pipeline/distributed_pipeline.h"
 #include "parallel/pipeline/pipeline.h"

@@ -3,7 +3,8 @@
 // al., "Don't use large mini-batches, use local SGD", ICLR 2020; PyTorch's
 // torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook).
 //
-//   auto state = std::make_shared<parallel::PostLocalSGDState>(parallel::PostLocalSGDOptions{.start_iteration = 100});
+//   auto state = std::make_shared<parallel::PostLocalSGDState>(
+//       parallel::PostLocalSGDOptions{.start_iteration = 100});
 //   ddp->register_comm_hook(parallel::post_localsgd_hook(state));
 //   parallel::PostLocalSGDOptimizer optimizer(
 //       std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{0.01, 0.9}),

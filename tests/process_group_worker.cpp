@@ -24,6 +24,7 @@
 #include <weft.h>
 
 #include "parallel/distributed.h"
+#include "parallel/monitored_barrier.h"
 #include "parallel/ring_allreduce.h"
 #include "worker_backend.h"
 
@@ -329,6 +330,31 @@ int scenario_missing() {
   return failures == 0 ? 0 : 1;
 }
 
+// monitored_barrier: every rank passes the first; the ranks listed in ABSENT skip the second
+// (sleeping past its timeout), and every rank that arrived prints the error it gets.
+int scenario_monitored_barrier(const std::string& absent, bool wait_all_ranks) {
+  InitOptions options;
+  options.timeout = std::chrono::seconds(30);
+  init_process_group(backend(), options);
+  monitored_barrier(std::chrono::seconds(20));
+  std::stringstream list(absent);
+  std::string item;
+  bool skips = false;
+  while (std::getline(list, item, ',')) skips = skips || std::stoi(item) == get_rank();
+  if (skips) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  } else {
+    try {
+      monitored_barrier(std::chrono::milliseconds(500), wait_all_ranks);
+      fail("a monitored barrier with ranks missing passed");
+    } catch (const Error& e) {
+      std::cout << "error: " << e.what() << std::endl;
+    }
+  }
+  destroy_process_group();  // rank 0 keeps serving the store until every rank has left
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -340,11 +366,13 @@ int main(int argc, char** argv) {
     if (scenario == "mismatch") return scenario_mismatch();
     if (scenario == "dead_peer") return scenario_dead_peer();
     if (scenario == "missing") return scenario_missing();
+    if (scenario == "monitored_barrier" && argc > 2)
+      return scenario_monitored_barrier(argv[2], argc > 3 && std::string(argv[3]) == "all");
   } catch (const std::exception& e) {
     std::cout << "FAIL: " << e.what() << std::endl;
     return 1;
   }
   std::cerr << "process_group_worker: unknown scenario '" << scenario
-            << "' (collectives, identity, mismatch, dead_peer, missing)\n";
+            << "' (collectives, identity, ring, mismatch, dead_peer, missing, monitored_barrier)\n";
   return 2;
 }

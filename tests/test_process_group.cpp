@@ -96,6 +96,28 @@ TEST_CASE("a rank that never arrives is named; a peer that dies fails the others
   CHECK(dead[0].output.find("error: ProcessGroupGloo all_reduce (rank 0 of 2)") != std::string::npos);
 }
 
+TEST_CASE("monitored_barrier names the ranks that did not reach it, on every rank that did") {
+  if (test::skip_without_gloo()) return;
+  // Every rank passes a first barrier; the ranks listed skip the second (timeout 500 ms).
+  auto one = test::run_ranks({worker, "monitored_barrier", "2"}, 3, std::chrono::seconds(60));
+  test::check_all_ok(one);
+  for (int r : {0, 1})
+    CHECK_MESSAGE(one[r].output.find("error: monitored_barrier: rank 2 did not reach the barrier within 500 ms (the "
+                                     "first missing") != std::string::npos,
+                  one[r].output);
+  auto all = test::run_ranks({worker, "monitored_barrier", "1,3", "all"}, 4, std::chrono::seconds(60));
+  test::check_all_ok(all);
+  for (int r : {0, 2})
+    CHECK_MESSAGE(all[r].output.find("error: monitored_barrier: ranks 1, 3 did not reach the barrier within 500 ms\n") !=
+                      std::string::npos,
+                  all[r].output);
+  auto no_root = test::run_ranks({worker, "monitored_barrier", "0"}, 2, std::chrono::seconds(60));
+  test::check_all_ok(no_root);
+  CHECK_MESSAGE(no_root[1].output.find("error: monitored_barrier: rank 1 arrived, but rank 0 did not release the "
+                                       "barrier within 1000 ms") != std::string::npos,
+                no_root[1].output);
+}
+
 TEST_CASE("WEFT_DISTRIBUTED_DEBUG=1: mismatched collectives fail on every rank, naming both calls") {
   if (test::skip_without_gloo()) return;
   auto outcomes = test::run_ranks({worker, "mismatch"}, 3, std::chrono::seconds(30), {{"WEFT_DISTRIBUTED_DEBUG", "1"}});
