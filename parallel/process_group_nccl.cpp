@@ -30,6 +30,10 @@ using detail::check_list;
 using detail::check_reduce;
 using detail::Staged;
 
+// How long making a communicator may take, at least, whatever the group's timeout: connecting
+// over sockets on a busy machine takes seconds.
+constexpr std::chrono::milliseconds kConnectBound{60000};
+
 // One operation: its end is an event on its channel's stream, recorded when the operation
 // is queued there (at once for collectives, by the channel's issuing thread for sends and
 // receives).
@@ -42,12 +46,14 @@ class NcclWork final : public Work {
     {
       std::lock_guard lock(mutex_);
       done_ = std::move(done);
+      queued_at_ = Clock::now();
     }
     cv_.notify_all();
   }
 
   void wait(std::chrono::milliseconds timeout) override {
-    const Event& done = wait_until_queued(timeout.count() > 0 ? timeout : timeout_);
+    // Not queued yet: its communicator may still be connecting, which has its own bound.
+    const Event& done = wait_until_queued(std::max(timeout.count() > 0 ? timeout : timeout_, kConnectBound));
     if (host_waits_) {
       done.synchronize();  // the watchdog's abort ends it if a peer never comes
       throw_if_failed();
@@ -62,7 +68,14 @@ class NcclWork final : public Work {
   }
 
   const std::string& what() const { return what_; }
-  Clock::time_point queued_at() const { return queued_at_; }
+  // Past its time: queued more than `timeout` ago (the operation itself), or, not queued
+  // yet, made more than the connection's bound ago. The time a collective's first call spent
+  // connecting its communicator does not count against the operation.
+  bool overdue(Clock::time_point now, std::chrono::milliseconds timeout) {
+    std::lock_guard lock(mutex_);
+    if (done_) return now - queued_at_ > timeout;
+    return now - created_at_ > std::max(timeout, kConnectBound);
+  }
   bool done() {
     const Event* done = nullptr;
     {
@@ -100,7 +113,7 @@ class NcclWork final : public Work {
   Device device_;
   bool host_waits_;
   std::chrono::milliseconds timeout_;
-  Clock::time_point queued_at_ = Clock::now();
+  Clock::time_point created_at_ = Clock::now(), queued_at_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::optional<Event> done_;
@@ -475,8 +488,7 @@ class ProcessGroupNccl final : public ProcessGroup {
   }
 
   // Rank 0 of the communicator makes its id and hands it over through the store. Making one
-  // waits at least a minute for the others, whatever the group's timeout (connecting over
-  // sockets on a busy machine takes seconds).
+  // waits for the others up to kConnectBound at least, whatever the group's timeout.
   std::unique_ptr<DeviceCommunicator> connect(const std::string& key, bool maker, Device device, int rank_in,
                                               int size_in) {
     Bytes id;
@@ -486,7 +498,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     } else {
       id = store_->get(key);  // waits up to the store's timeout
     }
-    return library_.connect(device, id, rank_in, size_in, std::max(timeout(), std::chrono::milliseconds(60000)));
+    return library_.connect(device, id, rank_in, size_in, std::max(timeout(), kConnectBound));
   }
 
   void throw_if_failed(const std::string& what) {
@@ -529,7 +541,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     }
     const auto now = Clock::now();
     for (const auto& work : works)
-      if (now - work->queued_at() > timeout() && !work->done())
+      if (work->overdue(now, timeout()) && !work->done())
         return fail_group(work->what() + " was not done after " + std::to_string(timeout().count()) +
                           " ms (the group's timeout): a rank is missing, stuck, or called other collectives");
   }
@@ -554,9 +566,17 @@ class ProcessGroupNccl final : public ProcessGroup {
       works = in_flight_;
       comms = communicators_locked();
     }
-    for (const auto& work : works)
-      if (!work->done()) work->fail(failure);
-    for (DeviceCommunicator* comm : comms) comm->abort();
+    // Nothing here may throw before the communicators are aborted and the process ends: after
+    // a sticky CUDA error (what the watchdog may be reporting) every event query throws.
+    for (const auto& work : works) {
+      bool finished = false;
+      try {
+        finished = work->done();
+      } catch (const std::exception&) {
+      }
+      if (!finished) work->fail(failure);
+    }
+    for (DeviceCommunicator* comm : comms) comm->abort();  // noexcept
     std::cerr << "weft: rank " << rank() << ": process group nccl: " << failure << "; its communicators were aborted"
               << (end_process_on_failure_ ? "; ending the process (WEFT_NCCL_ASYNC_ERROR_HANDLING=0 keeps it)" : "")
               << std::endl;

@@ -22,15 +22,17 @@
 // group's timeout.
 //
 // Failures: a watchdog thread looks at the operations in flight every 100 ms. One not done
-// after the group's timeout, an error NCCL reports (a peer gone), or an operation that could
-// not be queued, aborts every
-// communicator of the group, so that no stream waits for ever, and is reported on stderr
-// naming the operation and the rank. Then the process ends with exit status 1 (results may
-// already be garbage; PyTorch tears the process down too), which makes weft-run stop the
-// other ranks. With WEFT_NCCL_ASYNC_ERROR_HANDLING=0 the process goes on instead, and every
+// after the group's timeout (counted from when it was queued: the time its communicator took
+// to connect does not count; one not queued yet fails after the connection's bound, a minute
+// or the timeout if longer), an error NCCL reports (a peer gone), or an operation that could
+// not be queued, aborts every communicator of the group, so that no stream waits for ever,
+// and is reported on stderr naming the operation and the rank. Then the process ends with
+// exit status 1 (results may already be garbage; PyTorch tears the process down too), which
+// makes weft-run stop the other ranks. With WEFT_NCCL_ASYNC_ERROR_HANDLING=0 the process goes on instead, and every
 // later wait() and operation of the group throws the error.
 //
-// Dtypes: float32, float64, int64, int32, uint8, and bool (as uint8) for max and min.
+// Dtypes: float32, float64, float16, bfloat16, int64, int32, uint8, and bool (as uint8) for max
+// and min.
 #pragma once
 
 #include <chrono>
