@@ -53,7 +53,8 @@ def state_bytes(optimizer):
                if torch.is_tensor(t) and t.dim() > 0)
 
 
-def median_step(model, optimizer, x, y, steps, use_mean=False):
+def timed_step(model, optimizer, x, y, steps, use_mean=False):
+    """The median of `steps` steps after 3 warm-up ones (their mean with use_mean), in ms."""
     times = []
     for i in range(3 + steps):
         start = time.perf_counter()
@@ -79,7 +80,7 @@ def rank_main(rank, world, port, args, out_path):
         y = torch.randint(0, 10, (args.batch,))
         if world == 1:
             plain = make()
-            results[f"{name}_1ranks_plain_step_ms"] = median_step(
+            results[f"{name}_1ranks_plain_step_ms"] = timed_step(
                 plain, make_optimizer(plain.parameters(), args, False), x, y, args.steps)
         # PyTorch's first bucket takes its cap from this module constant (1 MiB), not from
         # bucket_cap_mb (its own tests set it the same way); weft's benchmark caps every
@@ -100,7 +101,7 @@ def rank_main(rank, world, port, args, out_path):
             optimizer = PostLocalSGDOptimizer(optimizer, averagers.PeriodicModelAverager(args.local_sgd, 2))
         joinables = [ddp] + ([optimizer] if args.zero else [])
         with Join(joinables, enable=args.join):
-            step_ms = median_step(ddp, optimizer, x, y, args.steps, args.local_sgd > 0)
+            step_ms = timed_step(ddp, optimizer, x, y, args.steps, args.local_sgd > 0)
         stats = torch.tensor([step_ms, state_bytes(optimizer)], dtype=torch.float64)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         results[f"{name}_{world}ranks_ddp_step_ms"] = stats[0].item()
