@@ -13,7 +13,7 @@
 // The breakdown is timed in its own steps with the devices synchronised after each phase
 // (on a GPU that serialises the phases; the step column is timed without). The check: after
 // the timed steps, one DataParallel step's gradients are compared with one device's on the
-// same batch and weights, in evaluation mode (max relative difference, float32). Target on the CPU: 2 devices
+// same batch and weights, in evaluation mode (the largest normalised error, float32; at most 1e-3). Target on the CPU: 2 devices
 // cost at most 1.15x one device's step. PyTorch's DataParallel needs GPUs, so
 // bench/reference/dp_overhead.py runs it only where CUDA is there (and PyTorch's 1-device
 // step otherwise, for scale).
@@ -90,7 +90,10 @@ Phases step(nn::Module& model, optim::Optimizer& sgd, const Tensor& x, const Ten
   return p;
 }
 
-// Largest |a - b| / (|b| + 1e-3 max|b|) over every parameter's gradient.
+// Largest |a - b| / max|b| over every parameter's gradient (its normalised error). A wrong
+// gradient is off by its own scale; summing in another order is not, but cuDNN's float32
+// Winograd algorithms, which the replicas' smaller batches may get, are off by 1e-4 of it
+// (tests/test_cuda_nn_ops.cpp), more than a relative bound per element allows.
 double gradient_difference(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -98,7 +101,7 @@ double gradient_difference(const std::vector<Tensor>& a, const std::vector<Tenso
     double scale = 0;
     for (double v : vb) scale = std::max(scale, std::fabs(v));
     for (size_t k = 0; k < va.size(); ++k)
-      worst = std::max(worst, std::fabs(va[k] - vb[k]) / (std::fabs(vb[k]) + 1e-3 * scale + 1e-30));
+      worst = std::max(worst, std::fabs(va[k] - vb[k]) / (scale + 1e-30));
   }
   return worst;
 }
@@ -146,7 +149,7 @@ int main(int argc, char** argv) {
   std::cout << "# dp_overhead: one SGD step at batch " << batch << " on 1 device and DataParallel over 2 and 4 "
             << type << " devices; " << num_threads() << " CPU threads; median of " << steps << " steps, the widths timed in turns\n"
             << "# model    devices   step    ratio  scatter replicate forward  gather  backward optimizer  check\n"
-            << "#                     (ms)           (ms)    (ms)     (ms)     (ms)    (ms)     (ms)     (max rel diff)\n";
+            << "#                     (ms)           (ms)    (ms)     (ms)     (ms)    (ms)     (ms)     (normalised)\n";
   for (const std::string& name : names) {
     // One set-up per width, timed in turns (a step of each width, then the next round), so
     // that a slow spell of a shared machine lands on every width alike.
@@ -220,7 +223,7 @@ int main(int argc, char** argv) {
       json.add(key + "ratio", ratio);
       json.add(key + "forward_ms", med(&Phases::forward));
       json.add(key + "backward_ms", med(&Phases::backward));
-      json.add(key + "check_max_rel_diff", diff);
+      json.add(key + "check_normalised_diff", diff);
     }
   }
   auto torch = bench::run_reference("dp_overhead.py", "--batch " + std::to_string(batch) + " --steps " +

@@ -34,6 +34,20 @@ using detail::Staged;
 // over sockets on a busy machine takes seconds.
 constexpr std::chrono::milliseconds kConnectBound{60000};
 
+// How long a thread that meets a failure waits for the thread that is ending the process
+// (aborting communicators takes a moment) before it ends the process itself.
+constexpr std::chrono::milliseconds kEndingBound{30000};
+
+// A thread that meets a failure while another thread ends the process because of it
+// (ProcessGroupNccl::fail_group) waits for that end instead of throwing: otherwise a caller
+// that catches the error could end the process first, with a status of its own, before the
+// failure was even reported (the first GPU run saw a dead-peer rank exit 0 that way).
+[[noreturn]] void await_process_end(int rank, const std::string& failure) {
+  std::this_thread::sleep_for(kEndingBound);
+  std::cerr << "weft: rank " << rank << ": process group nccl: " << failure << "; ending the process" << std::endl;
+  std::_Exit(1);
+}
+
 // One operation: its end is an event on its channel's stream, recorded when the operation
 // is queued there (at once for collectives, by the channel's issuing thread for sends and
 // receives).
@@ -88,10 +102,14 @@ class NcclWork final : public Work {
     std::lock_guard lock(mutex_);
     return !error_.empty();
   }
-  void fail(const std::string& why) {
+  // `process_ending`: the process ends because of `why` (fail_group), and a thread that
+  // would throw it waits for that end instead.
+  void fail(const std::string& why, int rank, bool process_ending) {
     {
       std::lock_guard lock(mutex_);
       if (error_.empty()) error_ = why;
+      rank_ = rank;
+      process_ending_ = process_ending;
     }
     cv_.notify_all();
   }
@@ -106,7 +124,18 @@ class NcclWork final : public Work {
     return *done_;
   }
   void throw_if_failed() {
-    if (auto e = exception()) std::rethrow_exception(e);
+    std::string error;
+    bool ending = false;
+    int rank = 0;
+    {
+      std::lock_guard lock(mutex_);
+      error = error_;
+      ending = process_ending_;
+      rank = rank_;
+    }
+    if (error.empty()) return;
+    if (ending) await_process_end(rank, error);
+    throw Error(what_ + ": " + error);
   }
 
   std::string what_;
@@ -118,6 +147,8 @@ class NcclWork final : public Work {
   std::condition_variable cv_;
   std::optional<Event> done_;
   std::string error_;  // set by the watchdog, or by a failed issue
+  int rank_ = 0;
+  bool process_ending_ = false;
 };
 
 // A communicator and the stream its operations run on. Point-to-point channels have an
@@ -434,7 +465,7 @@ class ProcessGroupNccl final : public ProcessGroup {
   // The watchdog looks after `work` from now on (a group that failed meanwhile fails it).
   void track(const std::shared_ptr<NcclWork>& work, Device device) {
     std::lock_guard lock(mutex_);
-    if (!failure_.empty()) work->fail(failure_);
+    if (!failure_.empty()) work->fail(failure_, rank(), ending_);
     in_flight_.push_back(work);
     last_device_ = device;
   }
@@ -506,6 +537,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     throw_if_failed_locked(what);
   }
   void throw_if_failed_locked(const std::string& what) const {
+    if (ending_) await_process_end(rank(), failure_);
     WEFT_CHECK(failure_.empty(), what, ": the group failed earlier and its communicators were aborted: ", failure_);
   }
 
@@ -555,7 +587,9 @@ class ProcessGroupNccl final : public ProcessGroup {
   }
 
   // The first failure fails every operation in flight and aborts every communicator, so
-  // that no stream waits for ever; then, by default, ends the process.
+  // that no stream waits for ever; then, by default, ends the process. Ending it, the
+  // failure is reported first, and other threads that meet it wait for the end
+  // (await_process_end).
   void fail_group(const std::string& failure) {
     std::vector<std::shared_ptr<NcclWork>> works;
     std::vector<DeviceCommunicator*> comms;
@@ -563,9 +597,14 @@ class ProcessGroupNccl final : public ProcessGroup {
       std::lock_guard lock(mutex_);
       if (!failure_.empty()) return;  // failed already
       failure_ = failure;
+      ending_ = end_process_on_failure_;
       works = in_flight_;
       comms = communicators_locked();
     }
+    if (end_process_on_failure_)
+      std::cerr << "weft: rank " << rank() << ": process group nccl: " << failure
+                << "; aborting its communicators and ending the process (WEFT_NCCL_ASYNC_ERROR_HANDLING=0 keeps it)"
+                << std::endl;
     // Nothing here may throw before the communicators are aborted and the process ends: after
     // a sticky CUDA error (what the watchdog may be reporting) every event query throws.
     for (const auto& work : works) {
@@ -574,13 +613,12 @@ class ProcessGroupNccl final : public ProcessGroup {
         finished = work->done();
       } catch (const std::exception&) {
       }
-      if (!finished) work->fail(failure);
+      if (!finished) work->fail(failure, rank(), end_process_on_failure_);
     }
     for (DeviceCommunicator* comm : comms) comm->abort();  // noexcept
-    std::cerr << "weft: rank " << rank() << ": process group nccl: " << failure << "; its communicators were aborted"
-              << (end_process_on_failure_ ? "; ending the process (WEFT_NCCL_ASYNC_ERROR_HANDLING=0 keeps it)" : "")
-              << std::endl;
     if (end_process_on_failure_) std::_Exit(1);
+    std::cerr << "weft: rank " << rank() << ": process group nccl: " << failure << "; its communicators were aborted"
+              << std::endl;
   }
 
   std::shared_ptr<Store> store_;
@@ -594,6 +632,7 @@ class ProcessGroupNccl final : public ProcessGroup {
   std::vector<std::shared_ptr<NcclWork>> in_flight_;
   std::optional<Device> last_device_;
   std::string failure_;
+  bool ending_ = false;  // fail_group is ending the process because of failure_
 
   std::mutex watch_mutex_;
   std::condition_variable watch_cv_;

@@ -10,7 +10,7 @@
 // step. The GPU may contract products into FMAs, so float64 is compared to 1e-12
 // relative and float32 to 1e-5 relative (1e-6 absolute). clip_grad_norm_: norms
 // 1, 2, 3.5 and inf, compared to 1e-11 relative (float64 sums in another order; the inf
-// norm exactly), NaN and inf gradients, and bitwise repeatability on the GPU.
+// norm exactly), NaN and inf gradients (scaled as the CPU scales them), and bitwise repeatability on the GPU.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -497,22 +497,42 @@ TEST_CASE("clip_grad_norm_ on CUDA: norms 1, 2, 3.5 and inf over many gradients 
   }
 }
 
-TEST_CASE("clip_grad_norm_ on CUDA: NaN and inf gradients") {
+TEST_CASE("clip_grad_norm_ on CUDA: NaN and inf gradients, as on the CPU") {
+  // PyTorch's (and the CPU kernel's) rule, test_optim.cpp: a NaN norm makes every gradient
+  // NaN; an infinite norm scales by 0, so finite gradients become 0 and the infinite one NaN.
+  auto grads_of = [](const std::vector<Tensor>& params) {
+    std::vector<Tensor> grads;
+    for (const Tensor& p : params) grads.push_back(p.grad().to(kCPU));
+    return grads;
+  };
   for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
     CAPTURE(norm_type);
     Params p = make_params(DType::Float32, 500);
-    set_grads(p, DType::Float32, 12);
-    std::vector<float> values = p.cpu[4].grad().to_vector<float>();
-    values[654321] = std::nanf("");
-    p.gpu[4].set_grad(on_gpu(tensor(values, p.cpu[4].shape())));
-    Tensor before = p.gpu[4].grad().to(kCPU);
-    CHECK(std::isnan(optim::clip_grad_norm_(p.gpu, 1.0, norm_type).item()));
-    CHECK(p.gpu[4].grad().to(kCPU).to_vector<float>()[0] == before.to_vector<float>()[0]);  // not scaled
+    for (float poison : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+      CAPTURE(poison);
+      set_grads(p, DType::Float32, 12);
+      std::vector<float> values = p.cpu[4].grad().to_vector<float>();
+      values[654321] = poison;
+      p.cpu[4].set_grad(tensor(values, p.cpu[4].shape()));
+      p.gpu[4].set_grad(on_gpu(p.cpu[4].grad()));
+      CHECK_THROWS_AS(optim::clip_grad_norm_(p.gpu, 1.0, norm_type, true), weft::Error);
+      CHECK_IDENTICAL(grads_of(p.gpu)[4], p.cpu[4].grad());  // the check scaled nothing
 
-    values[654321] = std::numeric_limits<float>::infinity();
-    p.gpu[4].set_grad(on_gpu(tensor(values, p.cpu[4].shape())));
-    CHECK(std::isinf(optim::clip_grad_norm_(p.gpu, 1e300, norm_type).item()));
-    CHECK_THROWS_AS(optim::clip_grad_norm_(p.gpu, 1.0, norm_type, true), weft::Error);
+      const double max_norm = std::isnan(poison) ? 1.0 : 1e300;
+      const double host = optim::clip_grad_norm_(p.cpu, max_norm, norm_type).item();
+      const double dev = optim::clip_grad_norm_(p.gpu, max_norm, norm_type).item();
+      const bool nan_norm = std::isnan(dev), inf_norm = std::isinf(dev);
+      CHECK(nan_norm == std::isnan(poison));
+      CHECK(inf_norm == std::isinf(poison));
+      const bool same_norm = (std::isnan(host) && nan_norm) || host == dev;
+      CHECK(same_norm);
+      const std::vector<Tensor> scaled = grads_of(p.gpu);
+      for (size_t i = 0; i < scaled.size(); ++i) CHECK_IDENTICAL(scaled[i], p.cpu[i].grad());
+      CHECK(std::isnan(scaled[4].to_vector<float>()[654321]));
+      const float first = scaled[0].to_vector<float>()[0];
+      const bool first_as_expected = nan_norm ? std::isnan(first) : first == 0;
+      CHECK(first_as_expected);
+    }
   }
 }
 

@@ -7,9 +7,12 @@
 // - Matrix products and convolutions sum in another order than the CPU (cuBLAS and cuDNN
 //   block their reductions; cuDNN may use FFT or Winograd transforms). They are compared
 //   by normalised error: |gpu - cpu| <= tol * max|cpu| for every element, with tol 2e-5
-//   for float32 matmul, 5e-5 for float32 conv (whose Winograd and FFT algorithms round
-//   more than a plain sum) and 1e-12 for float64. TF32 (10-bit mantissa) would show
-//   errors near 1e-3, so the float32 bounds also check that TF32 stays off unless allowed.
+//   for float32 matmul, 4e-4 for float32 conv and 1e-12 for float64. cuDNN's Winograd and
+//   FFT algorithms round more than a plain sum: on the first GPU run (H200, cuDNN 9.14)
+//   WINOGRAD_NONFUSED, the fastest for a ConvNet's 5x5 layers' backward passes, was off by
+//   up to 1.7e-4 of the scale (WEFT_CONV_LOG=1 names each choice). TF32 (10-bit mantissa)
+//   would show errors near 1e-3, so the float32 bounds also check that TF32 stays off
+//   unless allowed.
 // - Pooling: each output is computed as on the CPU, in the same order, so results, indices
 //   and gradients equal the CPU's bit for bit (NaN matching NaN).
 // - Batch norm: the statistics and gradient sums are float64 on both devices, in another
@@ -47,7 +50,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 double tol_of(DType dtype) { return dtype == DType::Float32 ? 2e-5 : 1e-12; }
-double conv_tol_of(DType dtype) { return dtype == DType::Float32 ? 5e-5 : 1e-12; }
+double conv_tol_of(DType dtype) { return dtype == DType::Float32 ? 4e-4 : 1e-12; }
 double bn_tol_of(DType dtype) { return dtype == DType::Float32 ? 1e-5 : 1e-12; }
 
 // |gpu - cpu| <= tol * max|cpu| everywhere (an all-zero reference asks for zeros).

@@ -40,7 +40,9 @@ expect_failure "training diverged: the loss is nan in epoch 1" --data synthetic 
 [ ! -e "$dir/diverged.st" ] || { echo "FAIL: a diverged run wrote a checkpoint"; exit 1; }
 expect_failure "--microbatches, --schedule and --virtual-stages are for --mode pipeline" --data synthetic --schedule gpipe
 expect_failure "a MLP cannot be split into stages" --data synthetic --model mlp --mode pipeline
-expect_failure "must be a multiple of the ranks" --data synthetic --mode pipeline --schedule interleaved --microbatches 3
+# Two ranks whatever the machine (without --devices, a machine with one GPU has one rank).
+expect_failure "must be a multiple of the ranks" --data synthetic --mode pipeline --devices cpu:0,cpu:1 \
+  --schedule interleaved --microbatches 3
 expect_failure "devices must all be CPU devices or all CUDA devices, got cpu:0 and cuda:0" --data synthetic --mode dp --devices cpu:0,cuda:0
 expect_failure "device cpu:1 is given twice" --data synthetic --mode dp --devices cpu:1,cpu:1
 expect_failure "--mode dp takes --devices" --data synthetic --mode dp --device cpu:0

@@ -23,6 +23,7 @@
 #include <array>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -72,6 +73,8 @@ struct ForwardPass {
   static constexpr int kId = 0;  // the pass in ConvKey
   static constexpr int kAlgos = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
   static constexpr const char* kName = "conv2d forward";
+  static constexpr std::array<const char*, 8> kAlgoNames = {
+      "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
 
   static int max_count(const ConvCall& c) {
     int count = 0;
@@ -107,6 +110,8 @@ struct BackwardDataPass {
   static constexpr int kId = 1;
   static constexpr int kAlgos = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
   static constexpr const char* kName = "conv2d backward (input)";
+  static constexpr std::array<const char*, 6> kAlgoNames = {"ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD",
+                                                            "WINOGRAD_NONFUSED"};
 
   static int max_count(const ConvCall& c) {
     int count = 0;
@@ -142,6 +147,8 @@ struct BackwardFilterPass {
   static constexpr int kId = 2;
   static constexpr int kAlgos = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
   static constexpr const char* kName = "conv2d backward (weight)";
+  static constexpr std::array<const char*, 7> kAlgoNames = {"ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD",
+                                                            "WINOGRAD_NONFUSED", "FFT_TILING"};
 
   static int max_count(const ConvCall& c) {
     int count = 0;
@@ -294,6 +301,39 @@ std::string describe_geometry(const ConvCall& c) {
   return out.str();
 }
 
+const char* math_name(cudnnMathType_t math) {
+  switch (math) {
+    case CUDNN_FMA_MATH: return "FMA math";
+    case CUDNN_TENSOR_OP_MATH: return "tensor-op math";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return "tensor-op math with conversion";
+    default: return "default math";
+  }
+}
+
+// WEFT_CONV_LOG=1: one line per choice on stderr, to see what a model's convolutions run.
+template <class P>
+void log_choice(const ConvCall& c, const Choice& choice, const ConvAlgorithmChoice& chosen, bool deterministic) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("WEFT_CONV_LOG");
+    return v && std::string(v) == "1";
+  }();
+  if (!enabled) return;
+  std::ostringstream out;
+  out << "weft: " << P::kName << ": " << describe_geometry(c) << ": ";
+  if (choice.weft_kernel) {
+    out << "weft's direct kernel";
+  } else {
+    const auto index = static_cast<size_t>(choice.algo);
+    out << "cuDNN's " << (index < P::kAlgoNames.size() ? P::kAlgoNames[index] : "algorithm") << " (" << choice.algo
+        << ", " << math_name(choice.math) << ", " << choice.workspace << " bytes of workspace";
+    if (chosen.algorithm.time_ms >= 0) out << ", " << chosen.algorithm.time_ms << " ms when timed";
+    out << ")";
+  }
+  out << (deterministic ? ", the first acceptable in cuDNN's heuristic order" : ", the fastest acceptable");
+  if (!chosen.rejected.empty()) out << "; rejected: " << chosen.rejected;
+  std::cerr << out.str() << "\n";
+}
+
 // The cached choice for `key`, made from cuDNN's candidates the first time.
 template <class P>
 Choice choose(const ConvCall& c, const ConvKey& key, bool deterministic) {
@@ -342,6 +382,7 @@ Choice choose(const ConvCall& c, const ConvKey& key, bool deterministic) {
       choice = Choice{true, 0, CUDNN_DEFAULT_MATH, 0};
     }
   }
+  log_choice<P>(c, choice, chosen, deterministic);
   std::lock_guard lock(cache.mutex);
   return cache.choices.emplace(key, choice).first->second;  // a racing thread's equal choice may have won
 }

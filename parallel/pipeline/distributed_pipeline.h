@@ -20,7 +20,10 @@
 // send and recv (each preceded by a small header with the dtype and shape, so the receiver
 // needs no shape inference). Between two ranks messages are matched in the order sent, so a
 // schedule is refused where the order in which a rank sends to another differs from the
-// order the other receives in (the built-in ones are in order).
+// order the other receives in (the built-in ones are in order). Every pair of ranks that a
+// schedule connects exchanges one message each way when the schedule is set (at construction
+// and in set_schedule, which every rank calls alike), so that NCCL makes its communicators
+// before any step (Note [Connecting before the first step]).
 //
 // step() returns, on the last stage's rank, the batch's mean loss and the outputs (as
 // Pipeline::step); on the other ranks both are undefined. Gradients are those of the whole
@@ -73,6 +76,9 @@ class DistributedPipeline : public nn::Module {
   // All-gathers the model's layer count and the options; a rank that differs is an error
   // naming the field and both ranks (on every rank), instead of a wait for messages that never come.
   void check_ranks_agree(size_t layers) const;
+  // One message each way between this rank and each rank the schedule connects it to, pair
+  // by pair in one order on every rank, each message done before the next.
+  void connect_peers(const Schedule& schedule) const;
 
   std::shared_ptr<ProcessGroup> group_;
   DistributedPipelineOptions options_;
