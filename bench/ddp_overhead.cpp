@@ -4,11 +4,14 @@
 //   build/bench/ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N]
 //                            [--ranks 1,2,4] [--bucket-mb MB] [--sync-bn]
 //                            [--comm-hook allreduce|fp16|bf16|powersgd] [--optimizer sgd|adam] [--zero]
-//                            [--join] [--local-sgd PERIOD] [--json FILE]
+//                            [--join] [--local-sgd PERIOD] [--device-type cpu|cuda] [--json FILE]
 //
-// For each world size it starts that many ranks (this executable again, as local CPU
-// processes with weft-run's variables, Gloo over loopback; under a launcher it is one rank
-// of that job). Each rank trains the model with DDP on its own batch of --batch samples
+// For each world size it starts that many ranks (this executable again, as local processes
+// with weft-run's variables, Gloo over loopback; under a launcher it is one rank of that
+// job). --device-type cuda puts each rank on GPU LOCAL_RANK mod the GPU count, with NCCL
+// (ranks that share a GPU get weft-run's NCCL_HOSTID and socket settings), and each timed
+// step ends with the device synchronised; the hidden share is not measured there (the
+// trace's spans are the host's, and NCCL's all-reduces run on the GPU). Each rank trains the model with DDP on its own batch of --batch samples
 // (the per-rank batch stays fixed: weak scaling, as DDP is used) and reports the median
 // step. At world size 1 the plain model's step is timed too: the ratio is DDP's own cost
 // (target <= 1.03x). The hidden fraction: during the timed steps a trace is recorded
@@ -68,6 +71,7 @@ struct Config {
   bool zero = false;
   bool join = false;
   int64_t local_sgd = 0;  // the averaging period; 0: plain DDP
+  std::string device_type = "cpu";
 };
 
 std::shared_ptr<nn::Module> make_model(const std::string& name) {
@@ -111,7 +115,8 @@ double mean(const std::vector<double>& v) {
   return v.empty() ? 0 : sum / static_cast<double>(v.size());
 }
 
-// One training step of `runner` (a model, or DDP around one) on this rank's batch, in ms.
+// One training step of `runner` (a model, or DDP around one) on this rank's batch, in ms
+// (on a GPU, until the device has done it).
 double train_step(nn::Module& runner, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
   auto t = Clock::now();
   opt.zero_grad();
@@ -125,6 +130,7 @@ double train_step(nn::Module& runner, optim::Optimizer& opt, const Tensor& x, co
     loss.backward();
   }
   opt.step();
+  if (x.device().is_cuda()) synchronize(x.device());
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
@@ -170,15 +176,19 @@ double hidden_fraction(const std::string& trace_json) {
 }
 
 int run_rank(const Config& c) {
-  parallel::init_process_group("gloo");
+  const bool cuda = c.device_type == "cuda";
+  parallel::init_process_group(cuda ? "nccl" : "gloo");
   const int rank = parallel::get_rank(), world = parallel::get_world_size();
+  const Device device = cuda ? Device::cuda(parallel::read_launch_env().local_rank % cuda_device_count()) : kCPU;
   std::vector<std::string> names =
       c.models == "all" ? std::vector<std::string>{"convnet", "resnet"} : std::vector<std::string>{c.models};
   bench::JsonWriter json;
   for (const std::string& name : names) {
     Generator data(100 + rank);
-    Tensor x = randn({c.batch, 1, 28, 28}, DType::Float32, &data), y = randint(0, 10, {c.batch}, DType::Int64, &data);
+    Tensor x = randn({c.batch, 1, 28, 28}, DType::Float32, &data).to(device);
+    Tensor y = randint(0, 10, {c.batch}, DType::Int64, &data).to(device);
     auto model = make_model(name, c.sync_bn);
+    model->to(device);
     parallel::DDPOptions options;
     options.bucket_cap_mb = options.first_bucket_mb = c.bucket_mb;
     parallel::DistributedDataParallel ddp(model, nullptr, options);
@@ -200,10 +210,13 @@ int run_rank(const Config& c) {
     parallel::join(joinables, [&] {
       if (world == 1) {  // DDP's own cost: against the plain model, in turns
         auto bare = make_model(name);
+        bare->to(device);
         auto bare_optimizer = make_optimizer(c, bare->parameters(), false);
         auto ms = time_steps({{&ddp, optimizer.get()}, {bare.get(), bare_optimizer.get()}}, x, y, c.steps,
                              c.local_sgd > 0);
         step = ms[0], plain = ms[1];
+      } else if (cuda) {
+        step = time_steps({{&ddp, optimizer.get()}}, x, y, c.steps, c.local_sgd > 0)[0];
       } else {  // with a trace of the steps, for the hidden share
         trace::start();
         step = time_steps({{&ddp, optimizer.get()}}, x, y, c.steps, c.local_sgd > 0)[0];
@@ -212,23 +225,23 @@ int run_rank(const Config& c) {
       }
     }, {.enable = c.join});
     // The slowest rank's step, the least hidden share, the most optimizer state.
-    Tensor stats = tensor(std::vector<double>{step, -hidden, state_bytes(*optimizer)});
+    Tensor stats = tensor(std::vector<double>{step, -hidden, state_bytes(*optimizer)}).to(device);
     parallel::default_group().all_reduce(stats, parallel::ReduceOp::Max)->wait();
-    auto v = stats.to_vector<double>();
+    auto v = stats.to(kCPU).to_vector<double>();
     if (rank == 0) {
       std::cout << std::left << std::setw(9) << name << std::right << std::setw(6) << world << std::fixed
                 << std::setprecision(2) << std::setw(11) << v[0];
       if (world == 1) std::cout << std::setw(11) << plain << std::setw(9) << v[0] / plain << "x";
       else std::cout << std::setw(11) << "" << std::setw(10) << "";
       // With local SGD only the warm-up's gradients are all-reduced: no share to speak of.
-      if (c.local_sgd > 0) std::cout << std::setw(11) << "-";
+      if (c.local_sgd > 0 || (cuda && world > 1)) std::cout << std::setw(11) << "-";
       else std::cout << std::setw(10) << std::setprecision(0) << (world > 1 ? -v[1] * 100 : 0) << "%";
       std::cout << std::setw(12)
                 << std::setprecision(1) << v[2] / 1024 << std::defaultfloat << "\n";
       const std::string key = name + "_" + std::to_string(world) + "ranks_";
       json.add(key + "ddp_step_ms", v[0]);
       if (world == 1) json.add(key + "plain_step_ms", plain);
-      if (c.local_sgd == 0) json.add(key + "hidden_fraction", -v[1]);
+      if (c.local_sgd == 0 && !(cuda && world > 1)) json.add(key + "hidden_fraction", -v[1]);
       json.add(key + "optimizer_state_bytes", v[2]);
     }
   }
@@ -262,20 +275,31 @@ int main(int argc, char** argv) {
     else if (a == "--zero") c.zero = true;
     else if (a == "--join") c.join = true;
     else if (a == "--local-sgd") c.local_sgd = std::stoll(next());
+    else if (a == "--device-type") c.device_type = next();
     else if (a == "--help" || a == "-h") {
       std::cout << "usage: ddp_overhead [--model convnet|resnet|all] [--batch N] [--steps N] [--ranks 1,2,4] "
                    "[--bucket-mb MB] [--sync-bn] [--comm-hook allreduce|fp16|bf16|powersgd] [--optimizer sgd|adam] "
-                   "[--zero] [--join] [--local-sgd PERIOD] [--json FILE]\n";
+                   "[--zero] [--join] [--local-sgd PERIOD] [--device-type cpu|cuda] [--json FILE]\n";
       return 0;
     } else {
       std::cerr << "ddp_overhead: unknown argument " << a
                 << " (expected --model, --batch, --steps, --ranks, --bucket-mb, --sync-bn, --comm-hook, --optimizer, "
-                   "--zero, --join, --local-sgd, --json)\n";
+                   "--zero, --join, --local-sgd, --device-type, --json)\n";
       return 2;
     }
   }
-  if (!parallel::gloo_available()) {
+  if (c.device_type != "cpu" && c.device_type != "cuda") {
+    std::cerr << "ddp_overhead: --device-type " << c.device_type << ": expected cpu or cuda\n";
+    return 2;
+  }
+  const bool cuda = c.device_type == "cuda";
+  if (!cuda && !parallel::gloo_available()) {
     std::cout << "# ddp_overhead: skipped: weft was built without Gloo\n";
+    return 0;
+  }
+  if (cuda && !parallel::nccl_available()) {
+    std::cout << "# ddp_overhead: skipped: no GPU with NCCL ("
+              << (cuda_available() ? "weft was built without NCCL" : cuda_unavailable_reason()) << ")\n";
     return 0;
   }
   try {
@@ -291,7 +315,9 @@ int main(int argc, char** argv) {
     }
     if (c.local_sgd > 0) c.steps = static_cast<int>((c.steps + c.local_sgd - 1) / c.local_sgd * c.local_sgd);
     if (parallel::launched_as_rank()) return run_rank(c);
-    std::cout << "# ddp_overhead: DDP (Gloo, CPU ranks as processes on this machine), batch " << c.batch
+    std::cout << "# ddp_overhead: DDP ("
+              << (cuda ? "NCCL, ranks on " + std::to_string(cuda_device_count()) + " GPU(s)" : std::string("Gloo, CPU ranks"))
+              << " as processes on this machine), batch " << c.batch
               << " per rank, buckets of " << c.bucket_mb << " MB" << (c.sync_bn ? ", SyncBatchNorm" : "")
               << (c.comm_hook != "allreduce" ? ", " + c.comm_hook + " communication hook" : "")
               << ", " << (c.optimizer == "adam" ? "Adam" : "SGD with momentum")
@@ -307,7 +333,8 @@ int main(int argc, char** argv) {
     int failed = 0;
     std::stringstream list(c.ranks);
     std::string item;
-    while (std::getline(list, item, ',')) failed |= bench::run_as_local_ranks(argv[0], argv, std::stoi(item));
+    while (std::getline(list, item, ','))
+      failed |= bench::run_as_local_ranks(argv[0], argv, std::stoi(item), /*share_gpus=*/cuda);
     if (c.sync_bn) {
       std::cout << "# PyTorch reference not run with --sync-bn (PyTorch 1.13's SyncBatchNorm takes CUDA tensors "
                    "only)\n";
@@ -329,11 +356,13 @@ int main(int argc, char** argv) {
                                                              " --comm-hook " + c.comm_hook + " --optimizer " +
                                                              c.optimizer + (c.zero ? " --zero" : "") +
                                                              (c.join ? " --join" : "") +
-                                                             " --local-sgd " + std::to_string(c.local_sgd));
+                                                             " --local-sgd " + std::to_string(c.local_sgd) +
+                                                             " --device-type " + c.device_type);
     if (torch.empty()) {
-      std::cout << "# PyTorch reference not run (no python3 with torch; tools/install-deps --bench)\n";
+      std::cout << "# PyTorch reference not run (no python3 with torch"
+                << (cuda ? " built with CUDA" : "") << "; tools/install-deps --bench)\n";
     } else {
-      std::cout << "# PyTorch 1.13 DDP (Gloo, CPU), the same way:";
+      std::cout << "# PyTorch " << (cuda ? "DDP (NCCL, GPU)" : "1.13 DDP (Gloo, CPU)") << ", the same way:";
       for (const auto& [key, value] : torch) std::cout << " " << key << " " << std::fixed << std::setprecision(2) << value;
       std::cout << std::defaultfloat << "\n";
     }

@@ -35,13 +35,14 @@ using detail::Staged;
 constexpr std::chrono::milliseconds kConnectBound{60000};
 
 // How long a thread that meets a failure waits for the thread that is ending the process
-// (aborting communicators takes a moment) before it ends the process itself.
+// before it ends the process itself.
 constexpr std::chrono::milliseconds kEndingBound{30000};
 
 // A thread that meets a failure while another thread ends the process because of it
 // (ProcessGroupNccl::fail_group) waits for that end instead of throwing: otherwise a caller
 // that catches the error could end the process first, with a status of its own, before the
-// failure was even reported (the first GPU run saw a dead-peer rank exit 0 that way).
+// failure was even reported (the first GPU run saw a dead-peer rank exit 0 that way, when
+// the watchdog still aborted the communicators before it ended the process).
 [[noreturn]] void await_process_end(int rank, const std::string& failure) {
   std::this_thread::sleep_for(kEndingBound);
   std::cerr << "weft: rank " << rank << ": process group nccl: " << failure << "; ending the process" << std::endl;
@@ -102,14 +103,10 @@ class NcclWork final : public Work {
     std::lock_guard lock(mutex_);
     return !error_.empty();
   }
-  // `process_ending`: the process ends because of `why` (fail_group), and a thread that
-  // would throw it waits for that end instead.
-  void fail(const std::string& why, int rank, bool process_ending) {
+  void fail(const std::string& why) {
     {
       std::lock_guard lock(mutex_);
       if (error_.empty()) error_ = why;
-      rank_ = rank;
-      process_ending_ = process_ending;
     }
     cv_.notify_all();
   }
@@ -124,18 +121,7 @@ class NcclWork final : public Work {
     return *done_;
   }
   void throw_if_failed() {
-    std::string error;
-    bool ending = false;
-    int rank = 0;
-    {
-      std::lock_guard lock(mutex_);
-      error = error_;
-      ending = process_ending_;
-      rank = rank_;
-    }
-    if (error.empty()) return;
-    if (ending) await_process_end(rank, error);
-    throw Error(what_ + ": " + error);
+    if (auto e = exception()) std::rethrow_exception(e);
   }
 
   std::string what_;
@@ -147,8 +133,6 @@ class NcclWork final : public Work {
   std::condition_variable cv_;
   std::optional<Event> done_;
   std::string error_;  // set by the watchdog, or by a failed issue
-  int rank_ = 0;
-  bool process_ending_ = false;
 };
 
 // A communicator and the stream its operations run on. Point-to-point channels have an
@@ -465,7 +449,8 @@ class ProcessGroupNccl final : public ProcessGroup {
   // The watchdog looks after `work` from now on (a group that failed meanwhile fails it).
   void track(const std::shared_ptr<NcclWork>& work, Device device) {
     std::lock_guard lock(mutex_);
-    if (!failure_.empty()) work->fail(failure_, rank(), ending_);
+    if (ending_) await_process_end(rank(), failure_);
+    if (!failure_.empty()) work->fail(failure_);
     in_flight_.push_back(work);
     last_device_ = device;
   }
@@ -586,25 +571,31 @@ class ProcessGroupNccl final : public ProcessGroup {
     return comms;
   }
 
-  // The first failure fails every operation in flight and aborts every communicator, so
-  // that no stream waits for ever; then, by default, ends the process. Ending it, the
-  // failure is reported first, and other threads that meet it wait for the end
-  // (await_process_end).
+  // The first failure ends the process by default: reported, then _Exit(1) at once (the
+  // driver ends its kernels; a thread that meets the failure meanwhile waits for the end,
+  // await_process_end). With WEFT_NCCL_ASYNC_ERROR_HANDLING=0 it fails every operation in
+  // flight and aborts every communicator, so that no stream waits for ever.
   void fail_group(const std::string& failure) {
     std::vector<std::shared_ptr<NcclWork>> works;
     std::vector<DeviceCommunicator*> comms;
     {
-      std::lock_guard lock(mutex_);
-      if (!failure_.empty()) return;  // failed already
+      std::unique_lock lock(mutex_);
+      if (!failure_.empty()) {  // failed already; a caller whose queueing failed meanwhile waits for the end too
+        if (!ending_) return;
+        const std::string earlier = failure_;
+        lock.unlock();
+        await_process_end(rank(), earlier);
+      }
       failure_ = failure;
       ending_ = end_process_on_failure_;
       works = in_flight_;
       comms = communicators_locked();
     }
-    if (end_process_on_failure_)
+    if (end_process_on_failure_) {
       std::cerr << "weft: rank " << rank() << ": process group nccl: " << failure
-                << "; aborting its communicators and ending the process (WEFT_NCCL_ASYNC_ERROR_HANDLING=0 keeps it)"
-                << std::endl;
+                << "; ending the process (WEFT_NCCL_ASYNC_ERROR_HANDLING=0 keeps it)" << std::endl;
+      std::_Exit(1);
+    }
     // Nothing here may throw before the communicators are aborted and the process ends: after
     // a sticky CUDA error (what the watchdog may be reporting) every event query throws.
     for (const auto& work : works) {
@@ -613,10 +604,9 @@ class ProcessGroupNccl final : public ProcessGroup {
         finished = work->done();
       } catch (const std::exception&) {
       }
-      if (!finished) work->fail(failure, rank(), end_process_on_failure_);
+      if (!finished) work->fail(failure);
     }
     for (DeviceCommunicator* comm : comms) comm->abort();  // noexcept
-    if (end_process_on_failure_) std::_Exit(1);
     std::cerr << "weft: rank " << rank() << ": process group nccl: " << failure << "; its communicators were aborted"
               << std::endl;
   }

@@ -7,12 +7,14 @@
 // - Matrix products and convolutions sum in another order than the CPU (cuBLAS and cuDNN
 //   block their reductions; cuDNN may use FFT or Winograd transforms). They are compared
 //   by normalised error: |gpu - cpu| <= tol * max|cpu| for every element, with tol 2e-5
-//   for float32 matmul, 4e-4 for float32 conv and 1e-12 for float64. cuDNN's Winograd and
-//   FFT algorithms round more than a plain sum: on the first GPU run (H200, cuDNN 9.14)
-//   WINOGRAD_NONFUSED, the fastest for a ConvNet's 5x5 layers' backward passes, was off by
-//   up to 1.7e-4 of the scale (WEFT_CONV_LOG=1 names each choice). TF32 (10-bit mantissa)
-//   would show errors near 1e-3, so the float32 bounds also check that TF32 stays off
-//   unless allowed.
+//   for float32 matmul, 5e-5 for float32 conv and 1e-12 for float64. cuDNN's timed choice
+//   (the default) gets 4e-4 in float32: its Winograd and FFT algorithms round more than a
+//   plain sum, and on the first GPU run (H200, cuDNN 9.14) WINOGRAD_NONFUSED, the fastest
+//   for a ConvNet's 5x5 layers' backward passes, was off by up to 1.7e-4 of the scale
+//   (WEFT_CONV_LOG=1 names each choice). TF32 (10-bit mantissa) would be off by about 3e-4
+//   on these sizes (simulated), so it is the 5e-5 bound of cuDNN's heuristic choice in
+//   deterministic mode that checks TF32 stays off in conv2d unless allowed (the math rules
+//   are the same in both modes), as matmul's 2e-5 does for cuBLAS.
 // - Pooling: each output is computed as on the CPU, in the same order, so results, indices
 //   and gradients equal the CPU's bit for bit (NaN matching NaN).
 // - Batch norm: the statistics and gradient sums are float64 on both devices, in another
@@ -50,7 +52,8 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 double tol_of(DType dtype) { return dtype == DType::Float32 ? 2e-5 : 1e-12; }
-double conv_tol_of(DType dtype) { return dtype == DType::Float32 ? 4e-4 : 1e-12; }
+double conv_tol_of(DType dtype) { return dtype == DType::Float32 ? 5e-5 : 1e-12; }
+double timed_conv_tol_of(DType dtype) { return dtype == DType::Float32 ? 4e-4 : 1e-12; }
 double bn_tol_of(DType dtype) { return dtype == DType::Float32 ? 1e-5 : 1e-12; }
 
 // |gpu - cpu| <= tol * max|cpu| everywhere (an all-zero reference asks for zeros).
@@ -293,11 +296,11 @@ TEST_CASE("conv2d forward and backward match the CPU") {
       CAPTURE(c.weight);
       const Tensor x = random(c.input, dtype, ++seed), w = random(c.weight, dtype, ++seed);
       const Tensor b = random({c.weight[0]}, dtype, ++seed);
-      check_op([&](const std::vector<Tensor>& in) { return run_conv(in, c); }, {x, w, b}, conv_tol_of(dtype));
+      check_op([&](const std::vector<Tensor>& in) { return run_conv(in, c); }, {x, w, b}, timed_conv_tol_of(dtype));
       // Non-contiguous operands are copied by the op; the kernel sees the same values.
       check_op([&](const std::vector<Tensor>& in) {
         return run_conv({transposed(in[0]), transposed(in[1]), in[2]}, c);
-      }, {x, w, b}, conv_tol_of(dtype));
+      }, {x, w, b}, timed_conv_tol_of(dtype));
     }
   }
 }
@@ -335,7 +338,7 @@ TEST_CASE("conv2d kernels overwrite poisoned outputs") {
     const Shape out_shape = expected.shape();
     Tensor out = poisoned(out_shape, dtype, gpu());
     conv2d_forward_stub(gpu(), on_gpu(x), on_gpu(w), on_gpu(b), out, p);
-    CHECK_NORMALISED(out, expected, conv_tol_of(dtype));
+    CHECK_NORMALISED(out, expected, timed_conv_tol_of(dtype));
 
     const Tensor gy = random(out_shape, dtype, 4);
     Tensor gx = empty(c.input, TensorOptions(dtype)), gw = empty(c.weight, TensorOptions(dtype)),
@@ -344,9 +347,9 @@ TEST_CASE("conv2d kernels overwrite poisoned outputs") {
     Tensor cx = poisoned(c.input, dtype, gpu()), cw = poisoned(c.weight, dtype, gpu());
     Tensor cb = poisoned({4}, dtype, gpu());
     conv2d_backward_stub(gpu(), on_gpu(gy), on_gpu(x), on_gpu(w), cx, cw, cb, p);
-    CHECK_NORMALISED(cx, gx, conv_tol_of(dtype));
-    CHECK_NORMALISED(cw, gw, conv_tol_of(dtype));
-    CHECK_NORMALISED(cb, gb, conv_tol_of(dtype));
+    CHECK_NORMALISED(cx, gx, timed_conv_tol_of(dtype));
+    CHECK_NORMALISED(cw, gw, timed_conv_tol_of(dtype));
+    CHECK_NORMALISED(cb, gb, timed_conv_tol_of(dtype));
   }
 }
 

@@ -11,7 +11,10 @@ fp16_compress_hook (its Gloo has no bfloat16); --comm-hook powersgd its powerSGD
 steps inside `with Join([ddp, ...])` (even inputs: what the join's announcements cost).
 --local-sgd PERIOD trains with post_localSGD_hook (local from the third step, no gradient
 all-reduce after it) and a PostLocalSGDOptimizer averaging every PERIOD steps; the steps
-then differ, so it reports their mean instead of the median.
+then differ, so it reports their mean instead of the median. --device-type cuda puts rank r on
+GPU r mod the GPU count with NCCL (ranks sharing a GPU get their own NCCL_HOSTID and NCCL's
+socket transport, as weft's benchmark sets) and ends each timed step with
+torch.cuda.synchronize(); without CUDA it exits with an error.
 
     python3 bench/reference/ddp_overhead.py --model all --batch 64 --steps 15 --ranks 1,2,4 --json out.json
 """
@@ -61,6 +64,8 @@ def timed_step(model, optimizer, x, y, steps, use_mean=False):
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
+        if x.is_cuda:
+            torch.cuda.synchronize(x.device)
         if i >= 3:
             times.append((time.perf_counter() - start) * 1000)
     return statistics.mean(times) if use_mean else statistics.median(times)
@@ -70,23 +75,30 @@ def rank_main(rank, world, port, args, out_path):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(max(1, args.threads // world))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cuda = args.device_type == "cuda"
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        if world > torch.cuda.device_count():
+            os.environ.update({"NCCL_HOSTID": f"reference-rank{rank}", "NCCL_SOCKET_IFNAME": "lo",
+                               "NCCL_NET": "Socket", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"})
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     results = {}
     names = ["convnet", "resnet"] if args.model == "all" else [args.model]
     for name in names:
         make = ConvNet if name == "convnet" else ResNet
         torch.manual_seed(100 + rank)
-        x = torch.randn(args.batch, 1, 28, 28)
-        y = torch.randint(0, 10, (args.batch,))
+        x = torch.randn(args.batch, 1, 28, 28).to(device)
+        y = torch.randint(0, 10, (args.batch,)).to(device)
         if world == 1:
-            plain = make()
+            plain = make().to(device)
             results[f"{name}_1ranks_plain_step_ms"] = timed_step(
                 plain, make_optimizer(plain.parameters(), args, False), x, y, args.steps)
         # PyTorch's first bucket takes its cap from this module constant (1 MiB), not from
         # bucket_cap_mb (its own tests set it the same way); weft's benchmark caps every
         # bucket, the first included, at --bucket-mb, so both split the gradients alike.
         dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.bucket_mb * 2**20)
-        ddp = torch.nn.parallel.DistributedDataParallel(make(), bucket_cap_mb=args.bucket_mb)
+        ddp = torch.nn.parallel.DistributedDataParallel(make().to(device), bucket_cap_mb=args.bucket_mb)
         if args.comm_hook == "fp16":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         if args.comm_hook == "powersgd":
@@ -102,8 +114,9 @@ def rank_main(rank, world, port, args, out_path):
         joinables = [ddp] + ([optimizer] if args.zero else [])
         with Join(joinables, enable=args.join):
             step_ms = timed_step(ddp, optimizer, x, y, args.steps, args.local_sgd > 0)
-        stats = torch.tensor([step_ms, state_bytes(optimizer)], dtype=torch.float64)
+        stats = torch.tensor([step_ms, state_bytes(optimizer)], dtype=torch.float64).to(device)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        stats = stats.cpu()
         results[f"{name}_{world}ranks_ddp_step_ms"] = stats[0].item()
         results[f"{name}_{world}ranks_optimizer_state_bytes"] = stats[1].item()
     if rank == 0:
@@ -131,8 +144,11 @@ def main():
     p.add_argument("--zero", action="store_true")
     p.add_argument("--join", action="store_true")
     p.add_argument("--local-sgd", type=int, default=0)
+    p.add_argument("--device-type", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--json", default="")
     args = p.parse_args()
+    if args.device_type == "cuda" and not torch.cuda.is_available():
+        sys.exit("ddp_overhead.py: --device-type cuda: this PyTorch has no CUDA device")
     out = {}
     for world in [int(w) for w in args.ranks.split(",")]:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:

@@ -317,19 +317,19 @@ void log_choice(const ConvCall& c, const Choice& choice, const ConvAlgorithmChoi
     const char* v = std::getenv("WEFT_CONV_LOG");
     return v && std::string(v) == "1";
   }();
+  static_assert(P::kAlgoNames.size() == static_cast<size_t>(P::kAlgos), "a name for each of cuDNN's algorithms of the pass");
   if (!enabled) return;
   std::ostringstream out;
   out << "weft: " << P::kName << ": " << describe_geometry(c) << ": ";
   if (choice.weft_kernel) {
-    out << "weft's direct kernel";
+    out << "weft's direct kernel, no cuDNN algorithm being acceptable";
   } else {
     const auto index = static_cast<size_t>(choice.algo);
     out << "cuDNN's " << (index < P::kAlgoNames.size() ? P::kAlgoNames[index] : "algorithm") << " (" << choice.algo
         << ", " << math_name(choice.math) << ", " << choice.workspace << " bytes of workspace";
     if (chosen.algorithm.time_ms >= 0) out << ", " << chosen.algorithm.time_ms << " ms when timed";
-    out << ")";
+    out << ")" << (deterministic ? ", the first acceptable in cuDNN's heuristic order" : ", the fastest acceptable");
   }
-  out << (deterministic ? ", the first acceptable in cuDNN's heuristic order" : ", the fastest acceptable");
   if (!chosen.rejected.empty()) out << "; rejected: " << chosen.rejected;
   std::cerr << out.str() << "\n";
 }

@@ -198,8 +198,8 @@ void DistributedPipeline::set_schedule(Schedule schedule) {
   schedule_ = std::move(schedule);
 }
 
-// Note [Connecting before the first step]: NCCL makes the communicators of a pair of ranks at
-// their first send or receive. A communicator made while a kernel of another one waits for a
+// Note [Connecting before the first step]: weft's NCCL backend makes the communicators of a
+// pair of ranks at their first send or receive. A communicator made while a kernel of another one waits for a
 // peer can wait for that kernel (NCCL's host-memory allocation did, in cuMemHostAlloc), while
 // the peer waits for this communicator: the first GPU run hung so in 1F1B over two ranks, rank
 // 1 making its communicator for gradients to rank 0 while its receive of the next activation
