@@ -97,6 +97,7 @@ class Event {
   float elapsed_ms(const Event& end) const;
 
   bool recorded() const { return recorded_; }
+  bool timing() const { return timing_; }
   Device device() const { return device_; }
 
  private:

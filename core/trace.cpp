@@ -10,6 +10,8 @@
 //
 // Lanes are resolved only when the JSON is written: the events hold (device, stream
 // handle) and the writer asks the device's backend which handle is its default stream.
+// So are device spans' times: they hold their two timing events, and the writer reads them
+// against an anchor per device (Note [Device time as host time]).
 #include "core/trace.h"
 
 #include <algorithm>
@@ -51,7 +53,7 @@ int64_t now_ns() {
       .count();
 }
 
-enum class Kind : uint8_t { Span, Instant, Counter };
+enum class Kind : uint8_t { Span, Instant, Counter, DeviceSpan };
 
 struct Event {
   Kind kind;
@@ -64,6 +66,9 @@ struct Event {
   double value = 0;    // counters
   std::string name;
   std::string args;
+  // Device spans: the timing events around the work; begin_ns and end_ns come from them
+  // when the JSON is written, which makes the event a Span.
+  std::shared_ptr<const weft::Event> device_begin = nullptr, device_end = nullptr;
 };
 
 struct ThreadBuffer {
@@ -168,6 +173,53 @@ void append_double(std::string& out, double value) {
 // Chrome's process ids: one per device, in the order the rows are shown.
 int pid_of(Device d) { return 1 + static_cast<int>(d.type) * 1000 + d.index; }
 
+// Note [Device time as host time]: a device span's events were timed by the device's clock,
+// which elapsed_ms() reads only as a difference between two events of that device. So the
+// writer records one more timing event per device, on an idle stream of its own (it
+// completes at once), waits for it and reads the host clock: that event's host time. A
+// span's begin is then that time minus elapsed_ms(begin, anchor), and likewise its end. The
+// error is the wait's return, microseconds; on CPU devices, whose timing events hold the
+// host clock, there is none.
+struct Anchor {
+  weft::Event event{/*timing=*/true};
+  int64_t host_ns = 0;
+};
+
+Stream anchor_stream(Device device) {
+  static std::mutex mutex;
+  static std::map<DeviceKey, Stream>* streams = new std::map<DeviceKey, Stream>;  // streams live for ever
+  std::lock_guard lock(mutex);
+  auto it = streams->find(key_of(device));
+  if (it == streams->end()) it = streams->emplace(key_of(device), new_stream(device)).first;
+  return it->second;
+}
+
+// Gives device spans their host times and makes them spans; leaves out those whose end
+// has not happened yet.
+void resolve_device_spans(std::vector<Event>& events) {
+  std::map<DeviceKey, Anchor> anchors;
+  auto anchor_of = [&](Device device) -> const Anchor& {
+    auto it = anchors.find(key_of(device));
+    if (it != anchors.end()) return it->second;
+    Anchor anchor;
+    anchor.event.record(anchor_stream(device));
+    anchor.event.synchronize();
+    anchor.host_ns = now_ns();
+    return anchors.emplace(key_of(device), std::move(anchor)).first->second;
+  };
+  auto host_ns_of = [](const weft::Event& event, const Anchor& anchor) {
+    return anchor.host_ns - static_cast<int64_t>(std::llround(double(event.elapsed_ms(anchor.event)) * 1e6));
+  };
+  std::erase_if(events, [](const Event& e) { return e.kind == Kind::DeviceSpan && !e.device_end->query(); });
+  for (Event& e : events) {
+    if (e.kind != Kind::DeviceSpan) continue;
+    const Anchor& anchor = anchor_of(e.device);
+    e.begin_ns = host_ns_of(*e.device_begin, anchor);
+    e.end_ns = std::max(e.begin_ns, host_ns_of(*e.device_end, anchor));
+    e.kind = Kind::Span;
+  }
+}
+
 struct Lane {
   int tid;
   std::string name;
@@ -220,6 +272,26 @@ void record_counter(uint32_t recording, std::string_view name, Device device, do
   append(Event{Kind::Counter, recording, 0, device, nullptr, t, t, value, std::string(name), {}});
 }
 
+void record_device_span(uint32_t recording, std::string_view name, const Stream& stream,
+                        std::shared_ptr<const weft::Event> begin, std::shared_ptr<const weft::Event> end,
+                        const std::vector<std::pair<std::string, int64_t>>& args) {
+  WEFT_CHECK(begin && end && begin->timing() && end->timing() && begin->recorded() && end->recorded(),
+             "trace::device_span '", name, "': both events must be created with timing (Event(true)) and recorded");
+  WEFT_CHECK(begin->device() == stream.device() && end->device() == stream.device(), "trace::device_span '", name,
+             "': the events were recorded on ", begin->device(), " and ", end->device(), ", the stream is on ",
+             stream.device());
+  std::string rendered;
+  for (const auto& [key, value] : args) {
+    append_member_key(rendered, key);
+    rendered += std::to_string(value);
+  }
+  Event event{Kind::DeviceSpan, recording, 0, stream.device(), stream.handle(), 0, 0, 0, std::string(name),
+              std::move(rendered)};
+  event.device_begin = std::move(begin);
+  event.device_end = std::move(end);
+  append(std::move(event));
+}
+
 }  // namespace detail
 
 void start() {
@@ -264,6 +336,7 @@ std::string json() {
         if (e.recording == r.last) events.push_back(e);
     }
   }
+  resolve_device_spans(events);
   std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
     // Outer spans before the spans they contain: by start, then longest first.
     return std::tuple(key_of(a.device), a.begin_ns, b.end_ns) < std::tuple(key_of(b.device), b.begin_ns, a.end_ns);

@@ -28,7 +28,9 @@
 // *issued*: kernel launches return at once, so a "forward" span on cuda:1 shows the host
 // enqueueing the kernels, which may run later (Stream::synchronize() or an Event inside
 // the span makes the span cover the GPU work too, at the cost of the overlap). Each span
-// carries the host thread that ran it as its "thread" argument.
+// carries the host thread that ran it as its "thread" argument. A device span
+// (trace::device_span) is the exception: two timing events bound it, so it shows when the
+// device ran the work, in host time (NCCL's collectives are drawn so).
 //
 // Spans on one lane should nest, as they do when one host thread at a time issues work
 // to a stream (the viewers draw a lane as a stack of properly nested slices). A span is
@@ -38,8 +40,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/device.h"
 #include "core/stream.h"
@@ -61,6 +66,9 @@ void add_arg(OpenSpan* span, std::string_view key, std::string_view value);
 void close_span(OpenSpan* span) noexcept;
 void record_instant(uint32_t recording, std::string_view name, Device device);
 void record_counter(uint32_t recording, std::string_view name, Device device, double value);
+void record_device_span(uint32_t recording, std::string_view name, const Stream& stream,
+                        std::shared_ptr<const Event> begin, std::shared_ptr<const Event> end,
+                        const std::vector<std::pair<std::string, int64_t>>& args);
 
 }  // namespace detail
 
@@ -95,6 +103,17 @@ inline void instant(std::string_view name, Device device) {
 inline void counter(std::string_view name, Device device, double value) {
   if (uint32_t r = detail::recording.load(std::memory_order_relaxed)) [[unlikely]]
     detail::record_counter(r, name, device, value);
+}
+// Work as the device ran it, on the lane of `stream`: from `begin` to `end`, events created
+// with timing (Event(true)) and recorded on `stream` around the work. Their times are read
+// when the trace is written (json(), write()): there each device's clock is tied to the
+// host's once (an event on an idle stream of its own, synchronised, and the host's clock
+// just after), and a span whose `end` has not happened yet is left out, as a span still
+// open at stop() is. The work is not waited for.
+inline void device_span(std::string_view name, const Stream& stream, std::shared_ptr<const Event> begin,
+                        std::shared_ptr<const Event> end, const std::vector<std::pair<std::string, int64_t>>& args = {}) {
+  if (uint32_t r = detail::recording.load(std::memory_order_relaxed)) [[unlikely]]
+    detail::record_device_span(r, name, stream, std::move(begin), std::move(end), args);
 }
 
 }  // namespace trace

@@ -14,6 +14,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/stream.h"
+#include "core/trace.h"
 #include "kernels/device_communicator.h"
 #include "kernels/elementwise.h"
 #include "parallel/collective_support.h"
@@ -179,7 +180,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     const std::string what = describe("all_reduce");
     check_cuda(tensor, what);
     check_reduce(tensor.dtype(), op, what);
-    return launch(what, tensor.device(), collective_channel(tensor.device()), {tensor},
+    return launch("all_reduce", what, tensor.device(), collective_channel(tensor.device()), {tensor},
                   [&](DeviceCommunicator& comm, const Stream& stream) {
                     Staged io(tensor);
                     comm.all_reduce(io.tensor(), io.tensor(), op, stream);
@@ -191,7 +192,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     const std::string what = describe("broadcast");
     check_cuda(tensor, what);
     detail::check_rank(root, size(), "root", what);
-    return launch(what, tensor.device(), collective_channel(tensor.device()), {tensor},
+    return launch("broadcast", what, tensor.device(), collective_channel(tensor.device()), {tensor},
                   [&](DeviceCommunicator& comm, const Stream& stream) {
                     Staged io(tensor);
                     comm.broadcast(io.tensor(), io.tensor(), root, stream);
@@ -204,7 +205,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     check_cuda(tensor, what);
     detail::check_rank(root, size(), "root", what);
     check_reduce(tensor.dtype(), op, what);
-    return launch(what, tensor.device(), collective_channel(tensor.device()), {tensor},
+    return launch("reduce", what, tensor.device(), collective_channel(tensor.device()), {tensor},
                   [&](DeviceCommunicator& comm, const Stream& stream) {
                     // NCCL writes the output on the root only: in place leaves the others' as they were.
                     Staged io(tensor);
@@ -217,7 +218,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     const std::string what = describe("all_gather");
     check_cuda(input, what);
     check_list(outputs, static_cast<size_t>(size()), input, "outputs", what);
-    return launch(what, input.device(), collective_channel(input.device()), with(outputs, input),
+    return launch("all_gather", what, input.device(), collective_channel(input.device()), with(outputs, input),
                   [&](DeviceCommunicator& comm, const Stream& stream) {
                     Staged in(input);
                     Tensor flat = empty({size() * input.numel()}, TensorOptions(input.dtype(), input.device()));
@@ -235,7 +236,7 @@ class ProcessGroupNccl final : public ProcessGroup {
       WEFT_CHECK(outputs.empty(), what, ": only the root (", root, ") gives outputs; rank ", rank(), " gave ",
                  outputs.size());
     // NCCL has no gather: the root receives from every rank, in one group of calls.
-    return launch(what, input.device(), collective_channel(input.device()), with(outputs, input),
+    return launch("gather", what, input.device(), collective_channel(input.device()), with(outputs, input),
                   [&](DeviceCommunicator& comm, const Stream& stream) {
                     Staged in(input);
                     if (rank() != root) {
@@ -262,7 +263,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     else
       WEFT_CHECK(inputs.empty(), what, ": only the root (", root, ") gives inputs; rank ", rank(), " gave ",
                  inputs.size());
-    return launch(what, output.device(), collective_channel(output.device()), with(inputs, output),
+    return launch("scatter", what, output.device(), collective_channel(output.device()), with(inputs, output),
                   [&](DeviceCommunicator& comm, const Stream& stream) {
                     Staged out(output);
                     if (rank() != root) {
@@ -286,7 +287,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     check_cuda(output, what);
     check_reduce(output.dtype(), op, what);
     check_list(inputs, static_cast<size_t>(size()), output, "inputs", what);
-    return launch(what, output.device(), collective_channel(output.device()), with(inputs, output),
+    return launch("reduce_scatter", what, output.device(), collective_channel(output.device()), with(inputs, output),
                   [&](DeviceCommunicator& comm, const Stream& stream) {
                     Tensor flat = detail::flatten(inputs);
                     Staged out(output);
@@ -303,7 +304,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     check_list(outputs, static_cast<size_t>(size()), inputs[0], "outputs", what);
     std::vector<Tensor> all = inputs;
     all.insert(all.end(), outputs.begin(), outputs.end());
-    return launch(what, inputs[0].device(), collective_channel(inputs[0].device()), all,
+    return launch("all_to_all", what, inputs[0].device(), collective_channel(inputs[0].device()), all,
                   [&](DeviceCommunicator& comm, const Stream& stream) {
                     std::vector<Tensor> sources;
                     std::vector<Staged> landed;
@@ -327,7 +328,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     detail::check_rank(dst, size(), "dst", what);
     WEFT_CHECK(dst != rank(), what, ": a rank cannot send to itself");
     WEFT_CHECK(tag >= 0, what, ": tags are non-negative");
-    return launch_p2p(what, p2p_channel(rank(), dst, tensor.device()), tensor,
+    return launch_p2p("send", what, p2p_channel(rank(), dst, tensor.device()), tensor,
                       [tensor](DeviceCommunicator& comm, const Stream& stream) {
                         comm.send(tensor.detach().contiguous(), /*peer=*/1, stream);
                       });
@@ -340,7 +341,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     detail::check_rank(src, size(), "src", what);
     WEFT_CHECK(src != rank(), what, ": a rank cannot receive from itself");
     WEFT_CHECK(tag >= 0, what, ": tags are non-negative");
-    return launch_p2p(what, p2p_channel(src, rank(), tensor.device()), tensor,
+    return launch_p2p("recv", what, p2p_channel(src, rank(), tensor.device()), tensor,
                       [tensor](DeviceCommunicator& comm, const Stream& stream) {
                         Staged io(tensor);
                         comm.recv(io.tensor(), /*peer=*/0, stream);
@@ -354,7 +355,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     const Device device = barrier_device();
     Tensor token = zeros({1}, TensorOptions(DType::Float32, device));
     return launch(
-        what, device, collective_channel(device), {token},
+        "barrier", what, device, collective_channel(device), {token},
         [&](DeviceCommunicator& comm, const Stream& stream) { comm.all_reduce(token, token, ReduceOp::Sum, stream); },
         /*host_waits=*/true);
   }
@@ -389,7 +390,7 @@ class ProcessGroupNccl final : public ProcessGroup {
   // tensors there and returns the Work that ends with it. A failure to queue it fails the
   // group (its communicators may be left mid-call).
   template <class Issue>
-  std::shared_ptr<Work> launch(const std::string& what, Device device, Channel& channel,
+  std::shared_ptr<Work> launch(const char* op, const std::string& what, Device device, Channel& channel,
                                const std::vector<Tensor>& tensors, Issue&& issue, bool host_waits = false) {
     throw_if_failed(what);
     auto work = std::make_shared<NcclWork>(what, device, host_waits, timeout());
@@ -397,11 +398,7 @@ class ProcessGroupNccl final : public ProcessGroup {
       Event ready;
       ready.record(current_stream(device));
       ready.block(channel.stream);
-      {
-        NoGradGuard no_grad;
-        StreamGuard on_channel(channel.stream);  // staging copies run there too, in order
-        issue(*channel.comm, channel.stream);
-      }
+      issue_traced(op, channel, issue);
       for (const Tensor& t : tensors)
         if (t.defined()) record_stream(t, channel.stream);
       Event done;
@@ -418,23 +415,20 @@ class ProcessGroupNccl final : public ProcessGroup {
   // A send or receive: queued by the channel's issuing thread, after the caller's current
   // stream as it is now.
   template <class Issue>
-  std::shared_ptr<Work> launch_p2p(const std::string& what, Channel& channel, const Tensor& tensor, Issue&& issue) {
+  std::shared_ptr<Work> launch_p2p(const char* op, const std::string& what, Channel& channel, const Tensor& tensor,
+                                   Issue&& issue) {
     throw_if_failed(what);
     const Device device = tensor.device();
     auto work = std::make_shared<NcclWork>(what, device, /*host_waits=*/false, timeout());
     auto ready = std::make_shared<Event>();
     ready->record(current_stream(device));
     track(work, device);
-    channel.issuer->enqueue(what, [this, &channel, what, work, ready, tensor, issue = std::forward<Issue>(issue)] {
+    channel.issuer->enqueue(what, [this, op, &channel, what, work, ready, tensor, issue = std::forward<Issue>(issue)] {
       if (work->failed()) return;
       try {
         WEFT_CHECK(channel.comm != nullptr, "its communicator did not connect");
         ready->block(channel.stream);
-        {
-          NoGradGuard no_grad;
-          StreamGuard on_channel(channel.stream);
-          issue(*channel.comm, channel.stream);
-        }
+        issue_traced(op, channel, issue);
         record_stream(tensor, channel.stream);
         Event done;
         done.record(channel.stream);
@@ -444,6 +438,28 @@ class ProcessGroupNccl final : public ProcessGroup {
       }
     });
     return work;
+  }
+
+  // Runs `issue` on the channel's stream (staging copies run there too, in order). While a
+  // trace records, two timing events around it give the trace a device span named `op` on
+  // the channel's lane: when the GPU ran the operation, not when the host queued it.
+  template <class Issue>
+  static void issue_traced(const char* op, Channel& channel, const Issue& issue) {
+    std::shared_ptr<Event> begin;
+    if (trace::enabled()) {
+      begin = std::make_shared<Event>(/*timing=*/true);
+      begin->record(channel.stream);
+    }
+    {
+      NoGradGuard no_grad;
+      StreamGuard on_channel(channel.stream);
+      issue(*channel.comm, channel.stream);
+    }
+    if (begin) {
+      auto end = std::make_shared<Event>(/*timing=*/true);
+      end->record(channel.stream);
+      trace::device_span(op, channel.stream, std::move(begin), std::move(end));
+    }
   }
 
   // The watchdog looks after `work` from now on (a group that failed meanwhile fails it).
@@ -462,6 +478,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     if (it != collectives_.end()) return *it->second;
     const std::string key = "nccl/collective/" + std::to_string(communicators_made_++);
     auto channel = std::make_unique<Channel>(Channel{new_stream(device), nullptr, nullptr});
+    trace::name_lane(channel->stream, "nccl (rank " + std::to_string(rank()) + " of " + std::to_string(size()) + ")");
     try {
       channel->comm = connect(key, /*maker=*/rank() == 0, device, rank(), size());
     } catch (const std::exception& e) {
@@ -488,6 +505,8 @@ class ProcessGroupNccl final : public ProcessGroup {
     }
     auto channel = std::make_unique<Channel>(
         Channel{new_stream(device), nullptr, std::make_unique<WorkQueue>(timeout())});
+    trace::name_lane(channel->stream, src == rank() ? "nccl sends to rank " + std::to_string(dst)
+                                                    : "nccl receives from rank " + std::to_string(src));
     const std::string key = "nccl/p2p/" + std::to_string(src) + "-" + std::to_string(dst);
     const std::string what = describe("connect") + " for messages " + (src == rank() ? "to" : "from") + " rank " +
                              std::to_string(peer);

@@ -320,6 +320,26 @@ int scenario_dead_peer() {
   std::_Exit(failures == 0 ? 0 : 1);
 }
 
+// A trace of a rank's collectives and messages, written to PATH.RANK for the test to read:
+// an all-reduce of 4 MiB, then a message from rank 0 to rank 1 (with two ranks or more).
+int scenario_trace(const std::string& path) {
+  InitOptions options;
+  options.timeout = std::chrono::seconds(30);
+  init_process_group(backend(), options);
+  trace::start();
+  Tensor t = full({1 << 20}, 1.0, on_device());
+  default_group().all_reduce(t)->wait();
+  Tensor message = full({1024}, static_cast<double>(get_rank()), on_device());
+  if (get_world_size() >= 2 && get_rank() == 0) default_group().send(message, 1, 7)->wait();
+  if (get_world_size() >= 2 && get_rank() == 1) default_group().recv(message, 0, 7)->wait();
+  synchronize(device());
+  trace::write(path + "." + std::to_string(get_rank()));
+  if (t.to(kCPU).to_vector<float>()[0] != static_cast<float>(get_world_size())) fail("trace: the all_reduce");
+  default_group().barrier()->wait();
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
 // Only some ranks of the world are started: the rendezvous must name the missing ones.
 int scenario_missing() {
   InitOptions options;
@@ -369,6 +389,7 @@ int main(int argc, char** argv) {
     if (scenario == "mismatch") return scenario_mismatch();
     if (scenario == "dead_peer") return scenario_dead_peer();
     if (scenario == "missing") return scenario_missing();
+    if (scenario == "trace" && argc > 2) return scenario_trace(argv[2]);
     if (scenario == "monitored_barrier" && argc > 2)
       return scenario_monitored_barrier(argv[2], argc > 3 && std::string(argv[3]) == "all");
   } catch (const std::exception& e) {
@@ -376,6 +397,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cerr << "process_group_worker: unknown scenario '" << scenario
-            << "' (collectives, identity, ring, mismatch, dead_peer, missing, monitored_barrier)\n";
+            << "' (collectives, identity, ring, mismatch, dead_peer, missing, monitored_barrier, trace)\n";
   return 2;
 }

@@ -12,6 +12,7 @@
 
 #include "parallel/process_group_nccl.h"
 #include "spawn_ranks.h"
+#include "trace_reading.h"
 
 using namespace weft;
 
@@ -73,6 +74,27 @@ TEST_CASE("nccl: a dead peer ends the other rank with a message, or makes its gr
                                  nccl_rank_envs(2, {{"WEFT_NCCL_ASYNC_ERROR_HANDLING", "0"}}), std::chrono::seconds(120));
   test::check_all_ok(outcomes);
   CHECK_MESSAGE(outcomes[0].output.find("the group failed earlier") != std::string::npos, outcomes[0].output);
+}
+
+TEST_CASE("nccl: a rank's trace draws its collectives and messages as the GPU ran them, on the channels' lanes") {
+  if (skip_without_nccl()) return;
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("weft_test_nccl_trace_" + std::to_string(::getpid()))).string();
+  test::check_all_ok(
+      test::run_processes({WEFT_PROCESS_GROUP_WORKER, "trace", path}, nccl_rank_envs(2), std::chrono::seconds(120)));
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    const std::string file = path + "." + std::to_string(r);
+    const auto reduces = test::traced_spans(file, "all_reduce");
+    REQUIRE(reduces.size() == 1);
+    CHECK(reduces[0].lane == "nccl (rank " + std::to_string(r) + " of 2)");
+    CHECK(reduces[0].dur > 0);  // 4 MiB between two ranks takes the GPU some microseconds at least
+    const auto messages = test::traced_spans(file, r == 0 ? "send" : "recv");
+    REQUIRE(messages.size() == 1);
+    CHECK(messages[0].lane == (r == 0 ? "nccl sends to rank 1" : "nccl receives from rank 0"));
+    CHECK(messages[0].ts >= reduces[0].ts + reduces[0].dur - 1);  // after the all-reduce's wait(); ts in whole us
+    std::filesystem::remove(file);
+  }
 }
 
 TEST_CASE("nccl: DDP on CUDA ranks equals one process on the whole batch") {

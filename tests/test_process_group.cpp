@@ -6,11 +6,14 @@
 #include "test_util.h"
 
 #include <cstdlib>
+#include <filesystem>
+#include <unistd.h>
 
 #include "parallel/launch_env.h"
 #include "parallel/process_group_gloo.h"
 #include "gloo_suite.h"
 #include "spawn_ranks.h"
+#include "trace_reading.h"
 
 using namespace weft;
 using doctest::Contains;
@@ -94,6 +97,21 @@ TEST_CASE("a rank that never arrives is named; a peer that dies fails the others
   auto dead = test::run_ranks({worker, "dead_peer"}, 2, std::chrono::seconds(30));
   test::check_all_ok(dead);
   CHECK(dead[0].output.find("error: ProcessGroupGloo all_reduce (rank 0 of 2)") != std::string::npos);
+}
+
+TEST_CASE("a rank's trace draws its group's collectives on the group's lane") {
+  if (test::skip_without_gloo()) return;
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("weft_test_pg_trace_" + std::to_string(::getpid()))).string();
+  test::check_all_ok(test::run_ranks({worker, "trace", path}, 2, std::chrono::seconds(60)));
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    const auto spans = test::traced_spans(path + "." + std::to_string(r), "all_reduce");
+    REQUIRE(spans.size() == 1);
+    CHECK(spans[0].lane == "gloo (rank " + std::to_string(r) + " of 2)");
+    CHECK(spans[0].dur > 0);
+    std::filesystem::remove(path + "." + std::to_string(r));
+  }
 }
 
 TEST_CASE("monitored_barrier names the ranks that did not reach it, on every rank that did") {

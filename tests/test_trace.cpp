@@ -249,6 +249,55 @@ TEST_CASE("a lane per stream: default, upload, new streams (numbered or named), 
   CHECK(ordered[1].second == "upload stream");
 }
 
+TEST_CASE("device spans: timed by their events, in host time, on their stream's lane; errors name what is wrong") {
+  // On CPU devices a timing event holds the host clock at its record, so a device span
+  // recorded around some host work must land where a host span around the same work does.
+  Scratch scratch("device_spans");
+  const Device device("cpu:5");
+  const Stream comm = new_stream(device);
+  trace::name_lane(comm, "nccl");
+  trace::start();
+  auto begin = std::make_shared<Event>(/*timing=*/true), end = std::make_shared<Event>(/*timing=*/true);
+  {
+    TraceSpan host("host", comm);
+    begin->record(comm);
+    busy(3'000'000);
+    end->record(comm);
+  }
+  trace::device_span("all_reduce", comm, begin, end, {{"bytes", 4096}});
+  auto untimed = std::make_shared<Event>();
+  untimed->record(comm);
+  CHECK_THROWS_WITH_AS(trace::device_span("bad", comm, untimed, end), Contains("both events must be created with timing"),
+                       Error);
+  auto elsewhere = std::make_shared<Event>(true);
+  elsewhere->record(default_stream(Device("cpu:6")));
+  CHECK_THROWS_WITH_AS(trace::device_span("bad", comm, begin, elsewhere),
+                       Contains("the events were recorded on cpu:5 and cpu:6, the stream is on cpu:5"), Error);
+  CHECK_THROWS_WITH_AS(trace::device_span("bad", comm, begin, std::make_shared<Event>(true)),
+                       Contains("both events must be created with timing (Event(true)) and recorded"), Error);
+  trace::write(scratch.path("device_spans.json"));
+  trace::device_span("after", comm, begin, end);  // the recording stopped: nothing
+  const Json trace = read_trace(scratch.path("device_spans.json"));
+
+  const auto device_spans = events(trace, "X", "all_reduce"), host_spans = events(trace, "X", "host");
+  REQUIRE(device_spans.size() == 1);
+  REQUIRE(host_spans.size() == 1);
+  const Json& d = device_spans[0];
+  const Json& h = host_spans[0];
+  CHECK(d.at("pid") == h.at("pid"));
+  CHECK(d.at("tid") == h.at("tid"));
+  CHECK(lane_names(trace).at({d.at("pid").get<int>(), d.at("tid").get<int>()}) == "nccl");
+  CHECK(d.at("args").at("bytes").get<int64_t>() == 4096);
+  const double d_begin = d.at("ts").get<double>(), d_end = d_begin + d.at("dur").get<double>();
+  const double h_begin = h.at("ts").get<double>(), h_end = h_begin + h.at("dur").get<double>();
+  CHECK(d.at("dur").get<double>() > 0.5 * h.at("dur").get<double>());
+  // Within the host span, up to the float milliseconds elapsed_ms() returns (about 1 us here).
+  CHECK(d_begin >= h_begin - 2);
+  CHECK(d_end <= h_end + 2);
+  CHECK(events(trace, "X", "bad").empty());
+  CHECK(events(trace, "X", "after").empty());
+}
+
 TEST_CASE("start and stop twice: each recording holds its own spans, timed from its own start") {
   Scratch scratch("twice");
   trace::start();
