@@ -21,7 +21,10 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <iostream>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -174,50 +177,69 @@ void append_double(std::string& out, double value) {
 int pid_of(Device d) { return 1 + static_cast<int>(d.type) * 1000 + d.index; }
 
 // Note [Device time as host time]: a device span's events were timed by the device's clock,
-// which elapsed_ms() reads only as a difference between two events of that device. So the
+// which elapsed_ms() reads only as a difference between two events of that device (in float
+// milliseconds, never negative here: CUDA does not promise negative differences). So the
 // writer records one more timing event per device, on an idle stream of its own (it
-// completes at once), waits for it and reads the host clock: that event's host time. A
-// span's begin is then that time minus elapsed_ms(begin, anchor), and likewise its end. The
-// error is the wait's return, microseconds; on CPU devices, whose timing events hold the
-// host clock, there is none.
+// completes at once, after every span's events), waits for it and reads the host clock: the
+// anchor's host time. A span begins at that time minus elapsed_ms(begin, anchor) and lasts
+// elapsed_ms(begin, end). The duration is exact to the events' resolution (half a
+// microsecond on CUDA); the placement also carries the float's rounding of the distance to
+// the anchor (about 1 us for a span 10 s before the write, 60 us for one 10 minutes before:
+// trace a few steps) and the wait's return. On CPU devices, whose timing events hold the
+// host clock, only the rounding remains.
 struct Anchor {
   weft::Event event{/*timing=*/true};
   int64_t host_ns = 0;
 };
 
+// How long the writer waits for an anchor (an idle stream's event: at once, unless the
+// device's hardware queues are all taken by work that does not end).
+constexpr std::chrono::seconds kAnchorBound{10};
+
 Stream anchor_stream(Device device) {
-  static std::mutex mutex;
+  static std::mutex* mutex = new std::mutex;  // as the map: used during exit too
   static std::map<DeviceKey, Stream>* streams = new std::map<DeviceKey, Stream>;  // streams live for ever
-  std::lock_guard lock(mutex);
+  std::lock_guard lock(*mutex);
   auto it = streams->find(key_of(device));
   if (it == streams->end()) it = streams->emplace(key_of(device), new_stream(device)).first;
   return it->second;
 }
 
-// Gives device spans their host times and makes them spans; leaves out those whose end
-// has not happened yet.
+int64_t ns_of_ms(float ms) { return static_cast<int64_t>(std::llround(double(ms) * 1e6)); }
+
+// Gives device spans their host times and makes them spans; leaves out those whose events
+// have not both happened yet, and those of a device whose anchor does not come within
+// kAnchorBound (said on stderr).
 void resolve_device_spans(std::vector<Event>& events) {
-  std::map<DeviceKey, Anchor> anchors;
-  auto anchor_of = [&](Device device) -> const Anchor& {
+  std::map<DeviceKey, std::optional<Anchor>> anchors;
+  auto anchor_of = [&](Device device) -> const std::optional<Anchor>& {
     auto it = anchors.find(key_of(device));
     if (it != anchors.end()) return it->second;
-    Anchor anchor;
-    anchor.event.record(anchor_stream(device));
-    anchor.event.synchronize();
-    anchor.host_ns = now_ns();
+    std::optional<Anchor> anchor(std::in_place);
+    anchor->event.record(anchor_stream(device));
+    const auto deadline = std::chrono::steady_clock::now() + kAnchorBound;
+    while (!anchor->event.query() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    anchor->host_ns = now_ns();
+    if (!anchor->event.query()) {
+      std::cerr << "weft: trace: " << device << " did not reach an event on an idle stream within "
+                << kAnchorBound.count() << " s; its device spans are left out\n";
+      anchor.reset();
+    }
     return anchors.emplace(key_of(device), std::move(anchor)).first->second;
   };
-  auto host_ns_of = [](const weft::Event& event, const Anchor& anchor) {
-    return anchor.host_ns - static_cast<int64_t>(std::llround(double(event.elapsed_ms(anchor.event)) * 1e6));
-  };
-  std::erase_if(events, [](const Event& e) { return e.kind == Kind::DeviceSpan && !e.device_end->query(); });
-  for (Event& e : events) {
-    if (e.kind != Kind::DeviceSpan) continue;
-    const Anchor& anchor = anchor_of(e.device);
-    e.begin_ns = host_ns_of(*e.device_begin, anchor);
-    e.end_ns = std::max(e.begin_ns, host_ns_of(*e.device_end, anchor));
+  std::erase_if(events, [](const Event& e) {
+    return e.kind == Kind::DeviceSpan && !(e.device_begin->query() && e.device_end->query());
+  });
+  std::erase_if(events, [&](Event& e) {
+    if (e.kind != Kind::DeviceSpan) return false;
+    const std::optional<Anchor>& anchor = anchor_of(e.device);
+    if (!anchor) return true;
+    e.begin_ns = anchor->host_ns - ns_of_ms(e.device_begin->elapsed_ms(anchor->event));
+    e.end_ns = e.begin_ns + std::max<int64_t>(0, ns_of_ms(e.device_begin->elapsed_ms(*e.device_end)));
     e.kind = Kind::Span;
-  }
+    return false;
+  });
 }
 
 struct Lane {
@@ -274,7 +296,7 @@ void record_counter(uint32_t recording, std::string_view name, Device device, do
 
 void record_device_span(uint32_t recording, std::string_view name, const Stream& stream,
                         std::shared_ptr<const weft::Event> begin, std::shared_ptr<const weft::Event> end,
-                        const std::vector<std::pair<std::string, int64_t>>& args) {
+                        std::initializer_list<std::pair<std::string_view, int64_t>> args) {
   WEFT_CHECK(begin && end && begin->timing() && end->timing() && begin->recorded() && end->recorded(),
              "trace::device_span '", name, "': both events must be created with timing (Event(true)) and recorded");
   WEFT_CHECK(begin->device() == stream.device() && end->device() == stream.device(), "trace::device_span '", name,

@@ -92,7 +92,7 @@ TEST_CASE("nccl: a rank's trace draws its collectives and messages as the GPU ra
     const auto messages = test::traced_spans(file, r == 0 ? "send" : "recv");
     REQUIRE(messages.size() == 1);
     CHECK(messages[0].lane == (r == 0 ? "nccl sends to rank 1" : "nccl receives from rank 0"));
-    CHECK(messages[0].ts >= reduces[0].ts + reduces[0].dur - 1);  // after the all-reduce's wait(); ts in whole us
+    CHECK(messages[0].ts >= reduces[0].ts + reduces[0].dur - 1);  // after the all-reduce's wait(); 1 us for the events' resolution
     std::filesystem::remove(file);
   }
 }
