@@ -10,8 +10,9 @@
 // with weft-run's variables, Gloo over loopback; under a launcher it is one rank of that
 // job). --device-type cuda puts each rank on GPU LOCAL_RANK mod the GPU count, with NCCL
 // (ranks that share a GPU get weft-run's NCCL_HOSTID and socket settings), and each timed
-// step ends with the device synchronised; the hidden share is not measured there (the
-// trace's spans are the host's, and NCCL's all-reduces run on the GPU). Each rank trains the model with DDP on its own batch of --batch samples
+// step ends with the device synchronised; the hidden share is not measured there (backward's
+// spans are host times, while NCCL's all-reduces run on the GPU). Each rank trains the model
+// with DDP on its own batch of --batch samples
 // (the per-rank batch stays fixed: weak scaling, as DDP is used) and reports the median
 // step. At world size 1 the plain model's step is timed too: the ratio is DDP's own cost
 // (target <= 1.03x). The hidden fraction: during the timed steps a trace is recorded

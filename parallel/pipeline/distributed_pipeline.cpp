@@ -199,13 +199,14 @@ void DistributedPipeline::set_schedule(Schedule schedule) {
 }
 
 // Note [Connecting before the first step]: weft's NCCL backend makes the communicators of a
-// pair of ranks at their first send or receive. A communicator made while a kernel of another one waits for a
-// peer can wait for that kernel (NCCL's host-memory allocation did, in cuMemHostAlloc), while
-// the peer waits for this communicator: the first GPU run hung so in 1F1B over two ranks, rank
-// 1 making its communicator for gradients to rank 0 while its receive of the next activation
-// waited for rank 0, which waited for those gradients. So the pairs are connected here, before
-// any step: pair after pair in the same order on every rank, the lower rank sending first, each
-// message done before the next, so that no communicator is made while a kernel waits.
+// pair of ranks at their first send or receive. Making one while a kernel of another
+// communicator runs can wait for that kernel, and the kernel for the peer, which may be
+// waiting for this communicator: the first GPU run hung so in 1F1B over two ranks (rank 1
+// making its communicator for gradients to rank 0, inside NCCL's cuMemHostAlloc, behind a
+// running send/receive kernel; rank 0 issuing its receive of those gradients). So the pairs
+// are connected here, before any step: pair after pair in the same order on every rank, the
+// lower rank sending first, each message done before the next, so that no communicator is
+// made while a kernel of this rank runs.
 void DistributedPipeline::connect_peers(const Schedule& s) const {
   std::set<std::pair<int, int>> pairs;
   for (int r = 0; r < s.num_ranks(); ++r)
