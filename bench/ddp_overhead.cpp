@@ -317,7 +317,8 @@ int main(int argc, char** argv) {
     if (c.local_sgd > 0) c.steps = static_cast<int>((c.steps + c.local_sgd - 1) / c.local_sgd * c.local_sgd);
     if (parallel::launched_as_rank()) return run_rank(c);
     std::cout << "# ddp_overhead: DDP ("
-              << (cuda ? "NCCL, ranks on " + std::to_string(cuda_device_count()) + " GPU(s)" : std::string("Gloo, CPU ranks"))
+              << (cuda ? "NCCL, ranks on " + std::to_string(cuda_device_count()) + " GPU(s)"
+                       : std::string("Gloo, CPU ranks"))
               << " as processes on this machine), batch " << c.batch
               << " per rank, buckets of " << c.bucket_mb << " MB" << (c.sync_bn ? ", SyncBatchNorm" : "")
               << (c.comm_hook != "allreduce" ? ", " + c.comm_hook + " communication hook" : "")

@@ -13,8 +13,9 @@
 // The breakdown is timed in its own steps with the devices synchronised after each phase
 // (on a GPU that serialises the phases; the step column is timed without). The check: after
 // the timed steps, one DataParallel step's gradients are compared with one device's on the
-// same batch and weights, in evaluation mode (the largest normalised error, float32; at most 1e-3). Target on the CPU: 2 devices
-// cost at most 1.15x one device's step. PyTorch's DataParallel needs GPUs, so
+// same batch and weights, in evaluation mode (the largest normalised error, float32; at most
+// 1e-3). Target on the CPU: 2 devices cost at most 1.15x one device's step. PyTorch's
+// DataParallel needs GPUs, so
 // bench/reference/dp_overhead.py runs it only where CUDA is there (and PyTorch's 1-device
 // step otherwise, for scale).
 #include <algorithm>

@@ -19,9 +19,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iostream>
 #include <map>
 #include <memory>
-#include <iostream>
 #include <mutex>
 #include <optional>
 #include <thread>

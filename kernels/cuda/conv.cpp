@@ -317,7 +317,8 @@ void log_choice(const ConvCall& c, const Choice& choice, const ConvAlgorithmChoi
     const char* v = std::getenv("WEFT_CONV_LOG");
     return v && std::string(v) == "1";
   }();
-  static_assert(P::kAlgoNames.size() == static_cast<size_t>(P::kAlgos), "a name for each of cuDNN's algorithms of the pass");
+  static_assert(P::kAlgoNames.size() == static_cast<size_t>(P::kAlgos),
+                "a name for each of cuDNN's algorithms of the pass");
   if (!enabled) return;
   std::ostringstream out;
   out << "weft: " << P::kName << ": " << describe_geometry(c) << ": ";
