@@ -9,14 +9,13 @@
 // For each world size it starts that many ranks (this executable again, as local processes
 // with weft-run's variables, Gloo over loopback; under a launcher it is one rank of that
 // job). --device-type cuda puts each rank on GPU LOCAL_RANK mod the GPU count, with NCCL
-// (ranks that share a GPU get weft-run's NCCL_HOSTID and socket settings), and each timed
-// step ends with the device synchronised; the hidden share is not measured there (backward's
-// spans are host times, while NCCL's all-reduces run on the GPU). Each rank trains the model
-// with DDP on its own batch of --batch samples
-// (the per-rank batch stays fixed: weak scaling, as DDP is used) and reports the median
-// step. At world size 1 the plain model's step is timed too: the ratio is DDP's own cost
-// (target <= 1.03x). The hidden fraction: during the timed steps a trace is recorded
-// (core/trace.h), and of the time the bucket all-reduces ran (their spans on the Gloo
+// (ranks that share a GPU get weft-run's NCCL_HOSTID and socket settings), each timed step
+// ends with the device synchronised, and the spans below are device spans (core/trace.h):
+// when the GPU ran the work. Each rank trains the model with DDP on its own batch of --batch
+// samples (the per-rank batch stays fixed: weak scaling, as DDP is used) and reports the
+// median step. At world size 1 the plain model's step is timed too: the ratio is DDP's own
+// cost (target <= 1.03x). The hidden fraction: during the timed steps a trace is recorded
+// (core/trace.h), and of the time the bucket all-reduces ran (their spans on the group's
 // lane) the share that fell while backward was still computing (inside its span on the
 // compute lane, before the reducer's final "wait for buckets") is hidden.
 // bench/reference/ddp_overhead.py runs PyTorch's DDP (Gloo, CPU) on the same models in the
@@ -123,11 +122,11 @@ double train_step(nn::Module& runner, optim::Optimizer& opt, const Tensor& x, co
   opt.zero_grad();
   Tensor loss;
   {
-    TraceSpan span("forward", kCPU);
+    DeviceTraceSpan span("forward", x.device());
     loss = cross_entropy(runner.forward(x), y);
   }
   {
-    TraceSpan span("backward", kCPU);  // DDP's final wait for the buckets runs inside
+    DeviceTraceSpan span("backward", x.device());  // DDP's final wait for the buckets runs inside
     loss.backward();
   }
   opt.step();
@@ -216,8 +215,6 @@ int run_rank(const Config& c) {
         auto ms = time_steps({{&ddp, optimizer.get()}, {bare.get(), bare_optimizer.get()}}, x, y, c.steps,
                              c.local_sgd > 0);
         step = ms[0], plain = ms[1];
-      } else if (cuda) {
-        step = time_steps({{&ddp, optimizer.get()}}, x, y, c.steps, c.local_sgd > 0)[0];
       } else {  // with a trace of the steps, for the hidden share
         trace::start();
         step = time_steps({{&ddp, optimizer.get()}}, x, y, c.steps, c.local_sgd > 0)[0];
@@ -235,14 +232,14 @@ int run_rank(const Config& c) {
       if (world == 1) std::cout << std::setw(11) << plain << std::setw(9) << v[0] / plain << "x";
       else std::cout << std::setw(11) << "" << std::setw(10) << "";
       // With local SGD only the warm-up's gradients are all-reduced: no share to speak of.
-      if (c.local_sgd > 0 || (cuda && world > 1)) std::cout << std::setw(11) << "-";
+      if (c.local_sgd > 0) std::cout << std::setw(11) << "-";
       else std::cout << std::setw(10) << std::setprecision(0) << (world > 1 ? -v[1] * 100 : 0) << "%";
       std::cout << std::setw(12)
                 << std::setprecision(1) << v[2] / 1024 << std::defaultfloat << "\n";
       const std::string key = name + "_" + std::to_string(world) + "ranks_";
       json.add(key + "ddp_step_ms", v[0]);
       if (world == 1) json.add(key + "plain_step_ms", plain);
-      if (c.local_sgd == 0 && !(cuda && world > 1)) json.add(key + "hidden_fraction", -v[1]);
+      if (c.local_sgd == 0) json.add(key + "hidden_fraction", -v[1]);
       json.add(key + "optimizer_state_bytes", v[2]);
     }
   }

@@ -449,6 +449,25 @@ std::string json() {
   return out;
 }
 
+}  // namespace weft::trace
+
+namespace weft {
+
+DeviceTraceSpan::~DeviceTraceSpan() {
+  if (!begin_) return;
+  try {
+    auto end = std::make_shared<Event>(/*timing=*/true);
+    end->record(*stream_);
+    trace::device_span(name_, *stream_, std::move(begin_), std::move(end));
+  } catch (...) {
+    // A device error while tracing: this span is lost; a destructor does not throw.
+  }
+}
+
+}  // namespace weft
+
+namespace weft::trace {
+
 void write(const std::string& path) {
   stop();
   AtomicFile file(path, "trace::write");

@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -156,6 +157,35 @@ class TraceSpan {
 
  private:
   trace::detail::OpenSpan* open_ = nullptr;
+};
+
+// The work queued on the device's current stream inside a scope, as the device ran it: a
+// trace::device_span between a timing event recorded where it is constructed and one where
+// it is destroyed. On a GPU that is when the kernels ran (a host TraceSpan shows when they
+// were queued); on a CPU device, where the two are the same, it is a TraceSpan.
+class DeviceTraceSpan {
+ public:
+  DeviceTraceSpan(std::string_view name, Device device) {
+    if (!trace::enabled()) [[likely]]
+      return;
+    if (device.is_cpu()) {
+      host_.emplace(name, device);
+      return;
+    }
+    name_ = name;
+    stream_.emplace(current_stream(device));
+    begin_ = std::make_shared<Event>(/*timing=*/true);
+    begin_->record(*stream_);
+  }
+  ~DeviceTraceSpan();
+  DeviceTraceSpan(const DeviceTraceSpan&) = delete;
+  DeviceTraceSpan& operator=(const DeviceTraceSpan&) = delete;
+
+ private:
+  std::optional<TraceSpan> host_;  // CPU devices
+  std::string name_;
+  std::optional<Stream> stream_;
+  std::shared_ptr<Event> begin_;
 };
 
 }  // namespace weft

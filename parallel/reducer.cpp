@@ -244,7 +244,8 @@ void Reducer::finalize() {
   {
     // Every launched bucket is waited for, also on the way to an error: its all-reduce
     // writes into the bucket, which the next iteration reuses.
-    TraceSpan span("wait for buckets", params_.empty() ? kCPU : params_.front().device());
+    // On a GPU as the device waited: from backward's last kernel to the last bucket's end.
+    DeviceTraceSpan span("wait for buckets", params_.empty() ? kCPU : params_.front().device());
     wait_for_launched(&errors);
   }
   if (!missing.empty()) {

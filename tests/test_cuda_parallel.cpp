@@ -1,9 +1,15 @@
 // The parallel layer on CUDA logical devices (CTest runs it once as is and once with
 // WEFT_VIRTUAL_DEVICES=4, four logical devices on however many GPUs there are): comm's
 // ops against the same ops on CPU devices, DataParallel against one GPU, repeatable
-// dropout, pipelines against the same model on the CPU, and the trace lanes. Cases that
-// need two devices say so and pass when there is one.
+// dropout, pipelines against the same model on the CPU, and device spans in a trace. Cases
+// that need two devices say so and pass when there is one.
 #include "cuda_test_util.h"
+
+#include <filesystem>
+#include <unistd.h>
+
+#include "core/trace.h"
+#include "trace_reading.h"
 
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
@@ -166,4 +172,29 @@ TEST_CASE("DataParallel with dropout on CUDA devices repeats bit for bit") {
   };
   auto a = run(), b = run();
   for (size_t i = 0; i < a.size(); ++i) CHECK(bitwise_difference(a[i], b[i]) == "");
+}
+
+TEST_CASE("a DeviceTraceSpan shows when the GPU ran the work; a host span, when it was queued") {
+  const Device device = gpu(0);
+  const Tensor a = randn({4096, 4096}, DType::Float32).to(device), b = randn({4096, 4096}, DType::Float32).to(device);
+  matmul(a, b);  // cuBLAS's handle and workspace before the trace
+  synchronize(device);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("weft_test_cuda_trace_" + std::to_string(::getpid()))).string();
+  trace::start();
+  {
+    TraceSpan queued("queued", kCPU);
+    DeviceTraceSpan ran("ran", device);
+    for (int i = 0; i < 4; ++i) matmul(a, b);  // 4 x 137 GFLOP: milliseconds on any GPU
+  }
+  synchronize(device);
+  trace::write(path);
+  const auto queued = test::traced_spans(path, "queued"), ran = test::traced_spans(path, "ran");
+  std::filesystem::remove(path);
+  REQUIRE(queued.size() == 1);
+  REQUIRE(ran.size() == 1);
+  CHECK(ran[0].lane == "default stream");
+  CHECK(ran[0].ts >= queued[0].ts - 2);  // the kernels start after they are queued (2 us: the anchor)
+  CHECK(ran[0].dur > queued[0].dur);     // and run longer than queueing them takes
+  CHECK(ran[0].ts + ran[0].dur > queued[0].ts + queued[0].dur);
 }

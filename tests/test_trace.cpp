@@ -249,7 +249,7 @@ TEST_CASE("a lane per stream: default, upload, new streams (numbered or named), 
   CHECK(ordered[1].second == "upload stream");
 }
 
-TEST_CASE("device spans: timed by their events, in host time, on their stream's lane; errors name what is wrong") {
+TEST_CASE("device spans: timed by their events, in host time, on their stream's lane; errors name what is wrong; DeviceTraceSpan") {
   // On CPU devices a timing event holds the host clock at its record, so a device span
   // recorded around some host work must land where a host span around the same work does.
   Scratch scratch("device_spans");
@@ -265,6 +265,7 @@ TEST_CASE("device spans: timed by their events, in host time, on their stream's 
     end->record(comm);
   }
   trace::device_span("all_reduce", comm, begin, end, {{"bytes", 4096}});
+  { DeviceTraceSpan on_cpu("device scope", device); }  // on a CPU device: a host span, on the current stream
   auto untimed = std::make_shared<Event>();
   untimed->record(comm);
   CHECK_THROWS_WITH_AS(trace::device_span("bad", comm, untimed, end), Contains("both events must be created with timing"),
@@ -296,6 +297,9 @@ TEST_CASE("device spans: timed by their events, in host time, on their stream's 
   CHECK(d_end <= h_end + 2);
   CHECK(events(trace, "X", "bad").empty());
   CHECK(events(trace, "X", "after").empty());
+  const auto scoped = events(trace, "X", "device scope");
+  REQUIRE(scoped.size() == 1);
+  CHECK(lane_names(trace).at({scoped[0].at("pid").get<int>(), scoped[0].at("tid").get<int>()}) == "default stream");
 }
 
 TEST_CASE("start and stop twice: each recording holds its own spans, timed from its own start") {
