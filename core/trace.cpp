@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -72,6 +73,7 @@ struct Event {
   // Device spans: the timing events around the work; begin_ns and end_ns come from them
   // when the JSON is written, which makes the event a Span.
   std::shared_ptr<const weft::Event> device_begin = nullptr, device_end = nullptr;
+  bool device_timed = false;  // a device span, made a Span
 };
 
 struct ThreadBuffer {
@@ -238,6 +240,7 @@ void resolve_device_spans(std::vector<Event>& events) {
     e.begin_ns = anchor->host_ns - ns_of_ms(e.device_begin->elapsed_ms(anchor->event));
     e.end_ns = e.begin_ns + std::max<int64_t>(0, ns_of_ms(e.device_begin->elapsed_ms(*e.device_end)));
     e.kind = Kind::Span;
+    e.device_timed = true;
     return false;
   });
 }
@@ -246,6 +249,25 @@ struct Lane {
   int tid;
   std::string name;
 };
+
+// The lane of the stream `e` is on: its number and name.
+Lane stream_lane(const Event& e, const std::map<LaneKey, std::string>& lane_names, std::map<DeviceKey, int>& others) {
+  Lane lane;
+  const auto named = lane_names.find(key_of(e.device, e.stream));
+  // Asked only for devices that have spans, so their backends are already started.
+  // (On CUDA, the first upload_stream() call makes that stream: a trace with an unnamed
+  // stream lane, of a program that never used the upload stream, creates it here.)
+  if (e.stream == default_stream(e.device).handle()) {
+    lane = {1, "default stream"};
+  } else if (named == lane_names.end() && e.stream == upload_stream(e.device).handle()) {
+    lane = {2, "upload stream"};
+  } else {
+    const int k = ++others[key_of(e.device)];
+    lane = {2 + k, "stream " + std::to_string(k)};
+  }
+  if (named != lane_names.end()) lane.name = named->second;
+  return lane;
+}
 
 }  // namespace
 
@@ -364,31 +386,31 @@ std::string json() {
     return std::tuple(key_of(a.device), a.begin_ns, b.end_ns) < std::tuple(key_of(b.device), b.begin_ns, a.end_ns);
   });
 
-  // Rows and lanes. Events are sorted by start, so "others" are numbered by first use.
+  // Rows and lanes. Events are sorted by start, so "others" are numbered by first use. A
+  // stream with host-timed and device-timed spans gets a second lane for the latter: the two
+  // clocks' spans need not nest (a GPU runs a kernel after its host span has ended).
+  std::set<LaneKey> host_timed;
+  for (const Event& e : events)
+    if (e.kind != Kind::Counter && !e.device_timed) host_timed.insert(key_of(e.device, e.stream));
+  using LaneId = std::pair<LaneKey, bool>;  // the stream, and whether this is its device-time lane
+  auto lane_id = [&](const Event& e) {
+    const LaneKey key = key_of(e.device, e.stream);
+    return LaneId{key, e.device_timed && host_timed.count(key) > 0};
+  };
   std::map<DeviceKey, Device> devices;
-  std::map<LaneKey, Lane> lanes;
-  std::map<DeviceKey, int> others;  // streams other than the default and upload ones, per device
+  std::map<LaneId, Lane> lanes;
+  std::map<DeviceKey, int> others;  // lanes other than the default and upload streams', per device
   for (const Event& e : events) {
     devices.emplace(key_of(e.device), e.device);
     if (e.kind == Kind::Counter) continue;
     const LaneKey key = key_of(e.device, e.stream);
-    if (lanes.count(key)) continue;
-    Lane lane;
-    const auto named = lane_names.find(key);
-    // Asked only for devices that have spans, so their backends are already started.
-    // (On CUDA, the first upload_stream() call makes that stream: a trace with an unnamed
-    // stream lane, of a program that never used the upload stream, creates it here.)
-    if (e.stream == default_stream(e.device).handle()) {
-      lane = {1, "default stream"};
-    } else if (named == lane_names.end() && e.stream == upload_stream(e.device).handle()) {
-      lane = {2, "upload stream"};
-    } else {
-      const int k = ++others[key_of(e.device)];
-      lane = {2 + k, "stream " + std::to_string(k)};
-    }
-    if (named != lane_names.end()) lane.name = named->second;
-    lanes.emplace(key, lane);
+    if (!lanes.count({key, false})) lanes.emplace(LaneId{key, false}, stream_lane(e, lane_names, others));
+    const LaneId id = lane_id(e);
+    if (lanes.count(id)) continue;
+    const int k = ++others[key_of(e.device)];
+    lanes.emplace(id, Lane{2 + k, lanes.at({key, false}).name + " (device time)"});
   }
+
 
   std::string out = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"clock\":"
                     "\"host steady_clock; ts and dur in microseconds since trace::start()\"},\n\"traceEvents\":[";
@@ -412,7 +434,7 @@ std::string json() {
     out += ",\"args\":{\"sort_index\":" + std::to_string(pid) + "}}";
   }
   for (const auto& [key, lane] : lanes) {
-    const int pid = pid_of(devices.at(key.first));
+    const int pid = pid_of(devices.at(key.first.first));
     begin_event("M", "thread_name", pid, lane.tid);
     out += ",\"args\":{\"name\":";
     append_json_string(out, lane.name);
@@ -432,7 +454,7 @@ std::string json() {
       out += "}}";
       continue;
     }
-    begin_event(e.kind == Kind::Span ? "X" : "i", e.name, pid, lanes.at(key_of(e.device, e.stream)).tid);
+    begin_event(e.kind == Kind::Span ? "X" : "i", e.name, pid, lanes.at(lane_id(e)).tid);
     out += ",\"ts\":";
     append_us(out, ts);
     if (e.kind == Kind::Span) {
@@ -453,14 +475,32 @@ std::string json() {
 
 namespace weft {
 
-DeviceTraceSpan::~DeviceTraceSpan() {
-  if (!begin_) return;
+void DeviceTraceSpan::start(uint32_t recording, std::string_view name, Device device) noexcept {
+  try {
+    if (device.is_cpu()) {
+      host_.emplace(name, device);
+      return;
+    }
+    recording_ = recording;
+    name_ = name;
+    stream_.emplace(current_stream(device));
+    auto begin = std::make_shared<Event>(/*timing=*/true);
+    begin->record(*stream_);
+    begin_ = std::move(begin);
+  } catch (...) {
+    // Out of memory, or a device error, while tracing: this span is lost, the scope's work is not.
+  }
+}
+
+void DeviceTraceSpan::finish() noexcept {
+  // Stopped, or another recording started: the span belongs to neither (as TraceSpan's).
+  if (trace::detail::recording.load(std::memory_order_relaxed) != recording_) return;
   try {
     auto end = std::make_shared<Event>(/*timing=*/true);
     end->record(*stream_);
-    trace::device_span(name_, *stream_, std::move(begin_), std::move(end));
+    trace::detail::record_device_span(recording_, name_, *stream_, std::move(begin_), std::move(end), {});
   } catch (...) {
-    // A device error while tracing: this span is lost; a destructor does not throw.
+    // As in start().
   }
 }
 

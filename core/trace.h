@@ -162,27 +162,27 @@ class TraceSpan {
 // The work queued on the device's current stream inside a scope, as the device ran it: a
 // trace::device_span between a timing event recorded where it is constructed and one where
 // it is destroyed. On a GPU that is when the kernels ran (a host TraceSpan shows when they
-// were queued); on a CPU device, where the two are the same, it is a TraceSpan.
+// were queued); on a CPU device, where the two are the same, it is a TraceSpan. A device
+// error while tracing loses the span, never the work around it: neither end throws.
 class DeviceTraceSpan {
  public:
   DeviceTraceSpan(std::string_view name, Device device) {
-    if (!trace::enabled()) [[likely]]
-      return;
-    if (device.is_cpu()) {
-      host_.emplace(name, device);
-      return;
-    }
-    name_ = name;
-    stream_.emplace(current_stream(device));
-    begin_ = std::make_shared<Event>(/*timing=*/true);
-    begin_->record(*stream_);
+    if (uint32_t r = trace::detail::recording.load(std::memory_order_relaxed)) [[unlikely]]
+      start(r, name, device);
   }
-  ~DeviceTraceSpan();
+  ~DeviceTraceSpan() {
+    if (begin_) [[unlikely]]
+      finish();
+  }
   DeviceTraceSpan(const DeviceTraceSpan&) = delete;
   DeviceTraceSpan& operator=(const DeviceTraceSpan&) = delete;
 
  private:
+  void start(uint32_t recording, std::string_view name, Device device) noexcept;
+  void finish() noexcept;
+
   std::optional<TraceSpan> host_;  // CPU devices
+  uint32_t recording_ = 0;
   std::string name_;
   std::optional<Stream> stream_;
   std::shared_ptr<Event> begin_;

@@ -194,7 +194,7 @@ TEST_CASE("a DeviceTraceSpan shows when the GPU ran the work; a host span, when 
   REQUIRE(queued.size() == 1);
   REQUIRE(ran.size() == 1);
   CHECK(ran[0].lane == "default stream");
-  CHECK(ran[0].ts >= queued[0].ts - 2);  // the kernels start after they are queued (2 us: the anchor)
+  CHECK(ran[0].ts >= queued[0].ts - 2);  // the kernels start after they are queued (2 us: rounding)
   CHECK(ran[0].dur > queued[0].dur);     // and run longer than queueing them takes
   CHECK(ran[0].ts + ran[0].dur > queued[0].ts + queued[0].dur);
 }

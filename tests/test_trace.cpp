@@ -266,6 +266,13 @@ TEST_CASE("device spans: timed by their events, in host time, on their stream's 
   }
   trace::device_span("all_reduce", comm, begin, end, {{"bytes", 4096}});
   { DeviceTraceSpan on_cpu("device scope", device); }  // on a CPU device: a host span, on the current stream
+  // A stream with device spans only keeps its lane's name.
+  const Stream sends = new_stream(device);
+  trace::name_lane(sends, "sends");
+  auto sent_begin = std::make_shared<Event>(true), sent_end = std::make_shared<Event>(true);
+  sent_begin->record(sends);
+  sent_end->record(sends);
+  trace::device_span("send", sends, sent_begin, sent_end);
   auto untimed = std::make_shared<Event>();
   untimed->record(comm);
   CHECK_THROWS_WITH_AS(trace::device_span("bad", comm, untimed, end), Contains("both events must be created with timing"),
@@ -285,9 +292,15 @@ TEST_CASE("device spans: timed by their events, in host time, on their stream's 
   REQUIRE(host_spans.size() == 1);
   const Json& d = device_spans[0];
   const Json& h = host_spans[0];
+  // Host-timed and device-timed spans of one stream need not nest: the latter get a lane of
+  // their own beside it.
+  const auto lanes = lane_names(trace);
   CHECK(d.at("pid") == h.at("pid"));
-  CHECK(d.at("tid") == h.at("tid"));
-  CHECK(lane_names(trace).at({d.at("pid").get<int>(), d.at("tid").get<int>()}) == "nccl");
+  CHECK(lanes.at({h.at("pid").get<int>(), h.at("tid").get<int>()}) == "nccl");
+  CHECK(lanes.at({d.at("pid").get<int>(), d.at("tid").get<int>()}) == "nccl (device time)");
+  const auto sent = events(trace, "X", "send");
+  REQUIRE(sent.size() == 1);
+  CHECK(lanes.at({sent[0].at("pid").get<int>(), sent[0].at("tid").get<int>()}) == "sends");
   CHECK(d.at("args").at("bytes").get<int64_t>() == 4096);
   const double d_begin = d.at("ts").get<double>(), d_end = d_begin + d.at("dur").get<double>();
   const double h_begin = h.at("ts").get<double>(), h_end = h_begin + h.at("dur").get<double>();
@@ -299,7 +312,7 @@ TEST_CASE("device spans: timed by their events, in host time, on their stream's 
   CHECK(events(trace, "X", "after").empty());
   const auto scoped = events(trace, "X", "device scope");
   REQUIRE(scoped.size() == 1);
-  CHECK(lane_names(trace).at({scoped[0].at("pid").get<int>(), scoped[0].at("tid").get<int>()}) == "default stream");
+  CHECK(lanes.at({scoped[0].at("pid").get<int>(), scoped[0].at("tid").get<int>()}) == "default stream");
 }
 
 TEST_CASE("start and stop twice: each recording holds its own spans, timed from its own start") {
