@@ -156,6 +156,11 @@ void append_member_key(std::string& args, std::string_view key) {
   args += ':';
 }
 
+void append_member(std::string& args, std::string_view key, int64_t value) {
+  append_member_key(args, key);
+  args += std::to_string(value);
+}
+
 // Microseconds with nanosecond digits: Chrome's unit, without float rounding.
 void append_us(std::string& out, int64_t ns) {
   out += std::to_string(ns / 1000);
@@ -284,8 +289,7 @@ OpenSpan* open_span(uint32_t recording, std::string_view name, Device device) {
 }
 
 void add_arg(OpenSpan* span, std::string_view key, int64_t value) {
-  append_member_key(span->args, key);
-  span->args += std::to_string(value);
+  append_member(span->args, key, value);
 }
 
 void add_arg(OpenSpan* span, std::string_view key, std::string_view value) {
@@ -325,10 +329,7 @@ void record_device_span(uint32_t recording, std::string_view name, const Stream&
              "': the events were recorded on ", begin->device(), " and ", end->device(), ", the stream is on ",
              stream.device());
   std::string rendered;
-  for (const auto& [key, value] : args) {
-    append_member_key(rendered, key);
-    rendered += std::to_string(value);
-  }
+  for (const auto& [key, value] : args) append_member(rendered, key, value);
   Event event{Kind::DeviceSpan, recording, 0, stream.device(), stream.handle(), 0, 0, 0, std::string(name),
               std::move(rendered)};
   event.device_begin = std::move(begin);

@@ -5,7 +5,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
-#include "kernels/shape_ops.h"
+#include "parallel/collective_support.h"
 #include "parallel/distributed.h"
 #include "parallel/join.h"
 
@@ -26,19 +26,11 @@ void average_parameters(const std::vector<Tensor>& params, ProcessGroup& group) 
   }
   for (DType dtype : dtypes) {
     std::vector<Tensor> same;
-    std::vector<Tensor> flat_pieces;
     for (const Tensor& p : params)
-      if (p.dtype() == dtype) {
-        same.push_back(p);
-        flat_pieces.push_back(p.reshape({-1}));
-      }
-    Tensor flat = cat(flat_pieces);
+      if (p.dtype() == dtype) same.push_back(p);
+    Tensor flat = detail::flatten(same);
     group.all_reduce(flat, ReduceOp::Avg)->wait();
-    int64_t offset = 0;
-    for (const Tensor& p : same) {
-      p.copy_(flat.narrow(0, offset, p.numel()).view(p.shape()));
-      offset += p.numel();
-    }
+    detail::unflatten_into(flat, same);
   }
 }
 

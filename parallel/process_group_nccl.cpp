@@ -441,25 +441,14 @@ class ProcessGroupNccl final : public ProcessGroup {
   }
 
   // Runs `issue` on the channel's stream (staging copies run there too, in order). While a
-  // trace records, two timing events around it give the trace a device span named `op` on
-  // the channel's lane: when the GPU ran the operation, not when the host queued it.
+  // trace records, it is a device span named `op` on the channel's lane: when the GPU ran the
+  // operation, not when the host queued it.
   template <class Issue>
   static void issue_traced(const char* op, Channel& channel, const Issue& issue) {
-    std::shared_ptr<Event> begin;
-    if (trace::enabled()) {
-      begin = std::make_shared<Event>(/*timing=*/true);
-      begin->record(channel.stream);
-    }
-    {
-      NoGradGuard no_grad;
-      StreamGuard on_channel(channel.stream);
-      issue(*channel.comm, channel.stream);
-    }
-    if (begin) {
-      auto end = std::make_shared<Event>(/*timing=*/true);
-      end->record(channel.stream);
-      trace::device_span(op, channel.stream, std::move(begin), std::move(end));
-    }
+    NoGradGuard no_grad;
+    StreamGuard on_channel(channel.stream);
+    DeviceTraceSpan span(op, channel.stream.device());  // on the current stream: the channel's
+    issue(*channel.comm, channel.stream);
   }
 
   // The watchdog looks after `work` from now on (a group that failed meanwhile fails it).
