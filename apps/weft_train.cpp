@@ -56,6 +56,7 @@ struct Config {
   std::string device, devices, optimizer = "sgd", mode = "single", checkpoint, resume, metrics_json, trace;
   std::string lr_schedule = "constant";
   int64_t checkpoint_every = 0;  // 0: checkpoints at epochs' ends only
+  int64_t local_sgd = 0, local_sgd_warmup = 0;  // --local-sgd's period (0: plain DDP) and warm-up
   int epochs = 3, workers = 0, nproc = 0, nnodes = 1, node_rank = 0, master_port = 0;
   int microbatches = 4, virtual_stages = 0;  // 0: 2 with the interleaved schedule, else 1
   std::string schedule = "1f1b";
@@ -240,6 +241,8 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
              "--comm-hook is for --mode ddp (it is how DistributedDataParallel's buckets cross between processes)");
   WEFT_CHECK(!c.zero || mode == train::ParallelMode::DistributedDataParallel,
              "--zero is for --mode ddp (it shards the optimizer's state over the processes of the job)");
+  WEFT_CHECK(c.local_sgd == 0 || mode == train::ParallelMode::DistributedDataParallel,
+             "--local-sgd is for --mode ddp (it averages the replicas of the processes of the job)");
   switch (mode) {
     case train::ParallelMode::Single: return std::make_shared<train::SingleDevice>();
     case train::ParallelMode::DataParallel: return std::make_shared<train::DataParallelStrategy>(devices);
@@ -248,6 +251,8 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
       options.device = devices[0];
       options.sync_batch_norm = c.sync_bn;
       options.comm_hook = c.comm_hook;
+      options.local_sgd_period = c.local_sgd;
+      options.local_sgd_warmup = c.local_sgd_warmup;
       return std::make_shared<train::DistributedStrategy>(options);
     }
     case train::ParallelMode::Pipeline:
@@ -309,6 +314,12 @@ std::string mid_epoch(const train::TrainLoop& loop) {
 void check_flags(const Config& c) {
   WEFT_CHECK(c.checkpoint_every == 0 || !c.checkpoint.empty(), "--checkpoint-every ", c.checkpoint_every,
              " needs --checkpoint: the file its mid-epoch checkpoints are written to");
+  WEFT_CHECK(c.local_sgd > 0 || !c.given.count("local-sgd-warmup"), "--local-sgd-warmup ", c.local_sgd_warmup,
+             " needs --local-sgd: the period of the averages that follow the warm-up");
+  WEFT_CHECK(c.local_sgd == 0 || !c.zero, "--local-sgd and --zero do not go together: with --zero each rank steps "
+             "its shard and broadcasts it, so the replicas never part and there is nothing to average");
+  WEFT_CHECK(c.local_sgd == 0 || !c.given.count("comm-hook"), "--local-sgd brings its own communication hook (no "
+             "gradient crosses after the warm-up); leave --comm-hook out");
 }
 
 int run(Config c) {
@@ -397,9 +408,14 @@ int run(Config c) {
     c.lr = optimizer->lr();
   }
   const int ranks = loop.strategy().world_size();
+  const std::string local_sgd = c.local_sgd == 0 ? ""
+                                : ", local SGD (averaged every " + std::to_string(c.local_sgd) + " steps" +
+                                      (c.local_sgd_warmup > 0 ? " after " + std::to_string(c.local_sgd_warmup) +
+                                                                    " of plain DDP)"
+                                                              : ")");
   const std::string where = mode == train::ParallelMode::DistributedDataParallel
                                 ? "ddp over " + std::to_string(ranks) + (ranks == 1 ? " rank (" : " ranks (") +
-                                      device_list(devices) + " each)"
+                                      device_list(devices) + " each)" + local_sgd
                                 : (devices.size() > 1 ? c.mode + " over " : "") + device_list(devices) +
                                       (mode == train::ParallelMode::Pipeline
                                            ? " (" + c.schedule + ", " + std::to_string(c.microbatches) +
@@ -467,6 +483,13 @@ int main(int argc, char** argv) {
   app.add_flag("--zero", c.zero,
                "--mode ddp: each rank keeps and updates the optimizer state of its share of the parameters only, then "
                "broadcasts them (ZeroRedundancyOptimizer)");
+  app.add_option("--local-sgd", c.local_sgd,
+                 "--mode ddp: local SGD: after --local-sgd-warmup steps of plain DDP, each rank steps on its own "
+                 "gradients and the replicas are averaged every N steps (and, with their optimizer state, at each "
+                 "epoch's end and checkpoint)")
+      ->check(flags::integer<int64_t>(1, std::numeric_limits<int64_t>::max(), "a positive integer"));
+  app.add_option("--local-sgd-warmup", c.local_sgd_warmup, "--mode ddp --local-sgd: steps of plain DDP first (0)")
+      ->check(flags::integer<int64_t>(0, std::numeric_limits<int64_t>::max(), "a non-negative integer"));
   app.add_option("--microbatches", c.microbatches, "--mode pipeline: micro-batches per batch (4)")
       ->check(flags::positive_integer());
   app.add_option("--schedule", c.schedule, "--mode pipeline: gpipe, 1f1b (default) or interleaved")

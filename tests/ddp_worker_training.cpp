@@ -1,7 +1,8 @@
 // ddp_worker's scenarios beyond DDP itself: SyncBatchNorm under DDP against BatchNorm2d on
-// the whole batch, and a TrainLoop ddp job resumed on another world size against one process
-// (tests/test_ddp.cpp starts them; tests/ddp_worker.cpp has main).
+// the whole batch, and a TrainLoop ddp job resumed on another world size against one process,
+// plain and with local SGD (tests/test_ddp.cpp starts them; tests/ddp_worker.cpp has main).
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -185,6 +186,33 @@ struct StopAtFirstCheckpoint : train::Callback {
   void on_checkpoint(train::TrainLoop& loop) override { loop.request_stop(); }
 };
 
+// The order of the epoch's positions: DistributedSampler's permutation.
+std::vector<int64_t> epoch_order(int epoch) {
+  Generator gen(kElasticSeed + epoch);
+  return randperm(kElasticSamples, DType::Int64, &gen).to_vector<int64_t>();
+}
+
+// The job's loop: ddp (several buckets), a checkpoint every kElasticEvery steps, no output.
+std::unique_ptr<train::TrainLoop> elastic_loop(ElasticSetup& s, const std::string& checkpoint,
+                                               train::DistributedStrategyOptions strategy, std::ostringstream& log) {
+  data::DataLoaderOptions loader;
+  loader.batch_size = kElasticBatch;
+  loader.shuffle = true;
+  loader.seed = kElasticSeed;
+  strategy.device = device();
+  strategy.ddp.bucket_cap_mb = 0.02;
+  strategy.ddp.first_bucket_mb = 0.005;
+  train::TrainLoopOptions options;
+  options.strategy = std::make_shared<train::DistributedStrategy>(strategy);
+  options.checkpoint_path = checkpoint;
+  options.checkpoint_every = kElasticEvery;
+  options.progress = false;
+  options.log = &log;
+  return std::make_unique<train::TrainLoop>(
+      s.model, std::make_shared<data::DataLoader>(s.dataset, loader), nullptr, nullptr, s.optimizer,
+      [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, options);
+}
+
 }  // namespace
 
 //   ddp_worker elastic stop OPTIMIZER CHECKPOINT
@@ -194,23 +222,9 @@ int scenario_elastic(const std::string& phase, const std::string& optimizer, con
   init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
   const int world = get_world_size(), world_before = phase == "stop" ? world : ranks_before;
   ElasticSetup s = elastic_setup(optimizer);
-  data::DataLoaderOptions loader;
-  loader.batch_size = kElasticBatch;
-  loader.shuffle = true;
-  loader.seed = kElasticSeed;
-  train::DistributedStrategyOptions strategy;
-  strategy.device = device();
-  strategy.ddp.bucket_cap_mb = 0.02;
-  strategy.ddp.first_bucket_mb = 0.005;
-  train::TrainLoopOptions options;
-  options.strategy = std::make_shared<train::DistributedStrategy>(strategy);
-  options.checkpoint_path = checkpoint;
-  options.checkpoint_every = kElasticEvery;
-  options.progress = false;
   std::ostringstream log;
-  options.log = &log;
-  train::TrainLoop loop(s.model, std::make_shared<data::DataLoader>(s.dataset, loader), nullptr, nullptr, s.optimizer,
-                        [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, options);
+  std::unique_ptr<train::TrainLoop> job = elastic_loop(s, checkpoint, {}, log);
+  train::TrainLoop& loop = *job;
   const int64_t stopped_at = kElasticEvery * kElasticBatch * world_before;
   if (phase == "stop") {
     loop.add_callback(std::make_shared<StopAtFirstCheckpoint>());
@@ -228,10 +242,7 @@ int scenario_elastic(const std::string& phase, const std::string& optimizer, con
 
   // The reference, and one that wrongly assumes the world size never changed: the DDP job
   // must match the first and not the second, or the test could not tell them apart.
-  auto order = [](int epoch) {
-    Generator gen(kElasticSeed + epoch);
-    return randperm(kElasticSamples, DType::Int64, &gen).to_vector<int64_t>();
-  };
+  auto order = epoch_order;
   std::vector<double> loss_means;
   ElasticSetup ref = elastic_setup(unsharded(optimizer)), unchanged = elastic_setup(unsharded(optimizer));
   double ignored_sum = 0, ignored_batches = 0;
@@ -250,6 +261,172 @@ int scenario_elastic(const std::string& phase, const std::string& optimizer, con
     fail(what + ": the resumed job differs from one process taking the same positions: " + where);
   if (close(s.model->parameters(), unchanged.model->parameters(), 1e-6, &where))
     fail(what + ": the job also equals training without the change of world size: the test cannot tell");
+  if (results.size() != 2) fail(what + ": fit completed " + std::to_string(results.size()) + " epochs, not 2");
+  for (size_t e = 0; e < results.size() && e < loss_means.size(); ++e)
+    if (!(std::fabs(results[e].train_loss - loss_means[e]) <= 1e-9 * std::fabs(loss_means[e])))
+      fail(what + ": epoch " + std::to_string(e + 1) + "'s mean loss is " + std::to_string(results[e].train_loss) +
+           ", the reference's " + std::to_string(loss_means[e]));
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+namespace {
+
+// Note [Local SGD's TrainLoop reference]: the job of Note [Elastic resume equivalence] with
+// local SGD (Note [Local SGD in the TrainLoop]: averages every kLocalPeriod steps after a
+// warm-up of kLocalWarmup), against one process that keeps a replica and an optimizer per
+// rank. At each loop step every replica computes the gradient of its rank's rows (rank r of R
+// takes positions start + r + i R of the epoch's order, i counting its samples); during the
+// warm-up each takes the mean over all replicas, after it its own; each optimizer steps; where
+// the averager averages, the replicas' parameters become their mean. After each mid-epoch
+// checkpoint step and at each epoch's end, once a local step has been taken, the replicas'
+// parameters and optimizer states become their means. A resumed job of R' ranks starts R'
+// replicas from the checkpoint's (consolidated) one, and numbers its steps from the epoch's
+// position as the loop does: start / R' / b.
+constexpr int64_t kLocalPeriod = 3, kLocalWarmup = 2;
+
+struct LocalReference {
+  std::vector<ElasticSetup> replicas;
+  int64_t steps = 0;  // taken so far: the averager's count
+  double spread = 0;  // the largest difference between two replicas' parameters seen
+};
+
+// Every replica's `values[r][i]` replaced by the mean of values[*][i].
+void average_over_replicas(const std::vector<std::vector<Tensor>>& values) {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < values[0].size(); ++i) {
+    Tensor mean = zeros_like(values[0][i]);
+    for (const auto& replica : values) mean = add(mean, replica[i]);
+    mean = div(mean, static_cast<double>(values.size()));
+    for (const auto& replica : values) replica[i].copy_(mean);
+  }
+}
+
+void consolidate(LocalReference& ref) {
+  if (ref.steps <= kLocalWarmup) return;
+  std::vector<std::vector<Tensor>> params, states;
+  for (ElasticSetup& r : ref.replicas) {
+    params.push_back(r.model->parameters());
+    states.emplace_back();
+    for (const auto& [name, t] : r.optimizer->state_dict().tensors) states.back().push_back(t);
+  }
+  NoGradGuard no_grad;
+  for (size_t r = 1; r < params.size(); ++r)
+    for (size_t i = 0; i < params[0].size(); ++i)
+      ref.spread = std::max(ref.spread, amax(abs(sub(params[r][i], params[0][i]))).item<double>());
+  average_over_replicas(params);
+  average_over_replicas(states);
+}
+
+// Trains the epoch from position `start` as a job of ref.replicas.size() ranks, up to the
+// loop step numbered `stop_after` (a mid-epoch checkpoint), or to the epoch's end.
+void local_epoch(LocalReference& ref, const std::vector<int64_t>& order, int64_t start, int64_t stop_after,
+                 double* loss_sum, double* batches) {
+  const int64_t ranks = static_cast<int64_t>(ref.replicas.size()), n = static_cast<int64_t>(order.size());
+  const int64_t b = kElasticBatch, per_rank = (n - start + ranks - 1) / ranks;  // padded
+  const int64_t first = start / ranks / b, steps = first + (per_rank + b - 1) / b;
+  for (int64_t step = first; step < steps; ++step) {
+    const int64_t k = step - first;
+    std::vector<std::vector<Tensor>> grads;
+    for (int64_t r = 0; r < ranks; ++r) {
+      std::vector<int64_t> rows;
+      for (int64_t i = k * b; i < std::min(per_rank, k * b + b); ++i)
+        rows.push_back(order[(start + r + i * ranks) % n]);
+      data::Batch batch = ref.replicas[r].dataset->get_batch(rows);
+      ElasticSetup& replica = ref.replicas[r];
+      replica.optimizer->zero_grad();
+      Tensor loss = cross_entropy(replica.model->forward(batch.data.to(device())), batch.target.to(device()));
+      loss.backward();
+      *loss_sum += loss.item<double>();
+      *batches += 1;
+      grads.emplace_back();
+      for (const Tensor& p : replica.model->parameters()) grads.back().push_back(p.grad());
+    }
+    if (ref.steps < kLocalWarmup) average_over_replicas(grads);
+    for (ElasticSetup& replica : ref.replicas) replica.optimizer->step();
+    if (ref.steps >= kLocalWarmup && (ref.steps - kLocalWarmup) % kLocalPeriod == 0) {
+      std::vector<std::vector<Tensor>> params;
+      for (ElasticSetup& replica : ref.replicas) params.push_back(replica.model->parameters());
+      average_over_replicas(params);
+    }
+    ++ref.steps;
+    if ((step + 1) % kElasticEvery == 0 && step + 1 < steps) {
+      consolidate(ref);
+      if (step + 1 == stop_after) return;
+    }
+  }
+  consolidate(ref);
+}
+
+// `ranks` replicas, each a copy of `from`'s model and optimizer state.
+void restart_replicas(LocalReference& ref, const ElasticSetup& from, int ranks, const std::string& optimizer) {
+  std::vector<ElasticSetup> replicas;
+  for (int r = 0; r < ranks; ++r) {
+    replicas.push_back(elastic_setup(optimizer));
+    replicas.back().model->load_state_dict(from.model->state_dict());
+    replicas.back().optimizer->load_state_dict(from.optimizer->state_dict());
+  }
+  ref.replicas = std::move(replicas);
+}
+
+}  // namespace
+
+//   ddp_worker elastic_local_sgd stop OPTIMIZER CHECKPOINT
+//   ddp_worker elastic_local_sgd resume OPTIMIZER CHECKPOINT RANKS_BEFORE
+int scenario_elastic_local_sgd(const std::string& phase, const std::string& optimizer, const std::string& checkpoint,
+                               int ranks_before) {
+  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
+  const int world = get_world_size(), world_before = phase == "stop" ? world : ranks_before;
+  ElasticSetup s = elastic_setup(optimizer);
+  train::DistributedStrategyOptions local;
+  local.local_sgd_period = kLocalPeriod;
+  local.local_sgd_warmup = kLocalWarmup;
+  std::ostringstream log;
+  std::unique_ptr<train::TrainLoop> job = elastic_loop(s, checkpoint, local, log);
+  train::TrainLoop& loop = *job;
+  auto& strategy = dynamic_cast<train::DistributedStrategy&>(loop.strategy());
+  const int64_t stopped_at = kElasticEvery * kElasticBatch * world_before;
+  if (phase == "stop") {
+    loop.add_callback(std::make_shared<StopAtFirstCheckpoint>());
+    loop.fit(2);
+    if (loop.epoch() != 0 || loop.epoch_samples() != stopped_at || strategy.local_sgd_step() != kElasticEvery)
+      fail("stopped after epoch " + std::to_string(loop.epoch()) + " + " + std::to_string(loop.epoch_samples()) +
+           " samples and " + std::to_string(strategy.local_sgd_step()) + " local SGD steps");
+    destroy_process_group();
+    return failures == 0 ? 0 : 1;
+  }
+  loop.resume(checkpoint);
+  if (strategy.local_sgd_step() != kElasticEvery)
+    fail("resumed at local SGD step " + std::to_string(strategy.local_sgd_step()));
+  const auto results = loop.fit(2);
+
+  LocalReference ref;
+  for (int r = 0; r < world_before; ++r) ref.replicas.push_back(elastic_setup(optimizer));
+  std::vector<double> loss_means;
+  double loss_sum = 0, batches = 0;
+  local_epoch(ref, epoch_order(0), 0, kElasticEvery, &loss_sum, &batches);
+  const ElasticSetup saved = ref.replicas[0];
+  restart_replicas(ref, saved, world, optimizer);
+  local_epoch(ref, epoch_order(0), stopped_at, -1, &loss_sum, &batches);
+  loss_means.push_back(loss_sum / batches);
+  loss_sum = batches = 0;
+  local_epoch(ref, epoch_order(1), 0, -1, &loss_sum, &batches);
+  loss_means.push_back(loss_sum / batches);
+
+  std::string where;
+  const std::string what = optimizer + ", " + std::to_string(world_before) + " -> " + std::to_string(world) + " ranks";
+  if (!close(s.model->parameters(), ref.replicas[0].model->parameters(), 1e-9, &where))
+    fail(what + ": the resumed job differs from the reference's replicas: " + where);
+  std::vector<Tensor> state, expected_state;
+  for (const auto& [name, t] : s.optimizer->state_dict().tensors) state.push_back(t);
+  for (const auto& [name, t] : ref.replicas[0].optimizer->state_dict().tensors) expected_state.push_back(t);
+  if (!close(state, expected_state, 1e-9, &where)) fail(what + ": the optimizer's state differs: " + where);
+  if (ref.spread < 1e-6)
+    fail(what + ": the reference's replicas never drifted apart (largest difference " + std::to_string(ref.spread) +
+         ")");
+  if (strategy.local_sgd_step() != ref.steps)
+    fail(what + ": " + std::to_string(strategy.local_sgd_step()) + " local SGD steps, the reference took " +
+         std::to_string(ref.steps));
   if (results.size() != 2) fail(what + ": fit completed " + std::to_string(results.size()) + " epochs, not 2");
   for (size_t e = 0; e < results.size() && e < loss_means.size(); ++e)
     if (!(std::fabs(results[e].train_loss - loss_means[e]) <= 1e-9 * std::fabs(loss_means[e])))

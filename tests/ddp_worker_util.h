@@ -104,6 +104,8 @@ int scenario_sync_bn(const std::string& optimizer);
 int scenario_sync_bn_uneven();
 int scenario_elastic(const std::string& phase, const std::string& optimizer, const std::string& checkpoint,
                      int ranks_before);
+int scenario_elastic_local_sgd(const std::string& phase, const std::string& optimizer, const std::string& checkpoint,
+                               int ranks_before);
 // tests/ddp_worker_zero.cpp: ZeroRedundancyOptimizer under DDP.
 int scenario_zero(const std::string& model, const std::string& optimizer);
 int scenario_zero_checkpoint(const std::string& model, const std::string& optimizer);

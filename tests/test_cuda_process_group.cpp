@@ -169,6 +169,19 @@ TEST_CASE("nccl: a ddp TrainLoop resumed mid-epoch on another world size equals 
   std::filesystem::remove(checkpoint);
 }
 
+TEST_CASE("nccl: a ddp TrainLoop with local SGD resumed on another world size equals its replicas in one process") {
+  if (skip_without_nccl()) return;
+  // Note [Local SGD's TrainLoop reference] in tests/ddp_worker_training.cpp: the replicas'
+  // parameters and optimizer state averaged as CUDA buffers over NCCL.
+  const std::string checkpoint = (std::filesystem::temp_directory_path() /
+                                  ("weft_nccl_local_sgd_" + std::to_string(::getpid()) + ".safetensors")).string();
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "elastic_local_sgd", "stop", "sgd", checkpoint},
+                                         nccl_rank_envs(3), std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "elastic_local_sgd", "resume", "sgd", checkpoint, "3"},
+                                         nccl_rank_envs(2), std::chrono::seconds(240)));
+  std::filesystem::remove(checkpoint);
+}
+
 TEST_CASE("nccl: a pipeline with a stage per CUDA rank equals one device") {
   if (skip_without_nccl()) return;
   test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "1f1b", "4"}, nccl_rank_envs(2), std::chrono::seconds(240)));

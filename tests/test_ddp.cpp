@@ -224,6 +224,25 @@ TEST_CASE("a ddp TrainLoop resumed mid-epoch on another world size equals one pr
   }
 }
 
+TEST_CASE("a ddp TrainLoop with local SGD, resumed mid-epoch on another world size, equals its replicas in one process") {
+  if (test::skip_without_gloo()) return;
+  // Note [Local SGD's TrainLoop reference] in tests/ddp_worker_training.cpp: the averages on
+  // the schedule, and the replicas (parameters and optimizer state) made one at the
+  // checkpoints and epochs' ends, which is what lets the job resume on another world size.
+  const std::vector<std::tuple<int, int, std::string>> cases = {{2, 2, "sgd"}, {3, 2, "adam"}};
+  for (const auto& [before, after, optimizer] : cases) {
+    CAPTURE(before);
+    CAPTURE(after);
+    const auto checkpoint = std::filesystem::temp_directory_path() /
+                            ("weft_ddp_local_sgd_" + std::to_string(::getpid()) + ".safetensors");
+    test::check_all_ok(test::run_ranks({worker, "elastic_local_sgd", "stop", optimizer, checkpoint.string()}, before,
+                                       std::chrono::seconds(120)));
+    test::check_all_ok(test::run_ranks({worker, "elastic_local_sgd", "resume", optimizer, checkpoint.string(),
+                                        std::to_string(before)}, after, std::chrono::seconds(120)));
+    std::filesystem::remove(checkpoint);
+  }
+}
+
 TEST_CASE("SyncBatchNorm::convert keeps names, tensors and modes; without peers it is BatchNorm2d") {
   Generator gen(3);
   auto model = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &gen);
@@ -287,6 +306,57 @@ TEST_CASE("the TrainLoop's ddp strategy converts BatchNorm2d layers when asked")
     CHECK(model->child("bn1").type_name() == (sync ? "SyncBatchNorm" : "BatchNorm2d"));
     CHECK(&runner->child("module") == model.get());
   }
+  parallel::destroy_process_group();
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("the ddp strategy's local SGD: its option checks, its optimizers, its step count through a checkpoint") {
+  using train::DistributedStrategy, train::DistributedStrategyOptions;
+  if (test::skip_without_gloo()) return;
+  CHECK_THROWS_WITH_AS(DistributedStrategy(DistributedStrategyOptions{.local_sgd_warmup = 5}),
+                       Contains("local_sgd_warmup 5 without local SGD (local_sgd_period is 0)"), Error);
+  CHECK_THROWS_WITH_AS(DistributedStrategy(DistributedStrategyOptions{.local_sgd_period = -1}),
+                       Contains("local_sgd_period and local_sgd_warmup must be >= 0, got -1 and 0"), Error);
+  CHECK_THROWS_WITH_AS(DistributedStrategy(DistributedStrategyOptions{.comm_hook = "fp16", .local_sgd_period = 2}),
+                       Contains("local SGD brings its own communication hook (post-local SGD), so comm_hook 'fp16'"),
+                       Error);
+  const auto path = std::filesystem::temp_directory_path() / ("weft_ddp_local_sgd_" + std::to_string(::getpid()));
+  parallel::init_process_group("gloo", {.init_method = "file://" + path.string(), .rank = 0, .world_size = 1,
+                                        .timeout = std::chrono::seconds(10)});
+  Generator gen(5);
+  data::Batch batch{randn({4, 20}, DType::Float32, &gen), randint(0, 10, {4}, DType::Int64, &gen)};
+  const train::Criterion criterion = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+  DistributedStrategy strategy(DistributedStrategyOptions{.local_sgd_period = 2, .local_sgd_warmup = 1});
+  auto model = std::make_shared<nn::MLP>(20, std::vector<int64_t>{8}, 10, 0.0, &gen);
+  auto runner = strategy.prepare(model);
+  optim::SGD sgd(model->parameters(), optim::SGDOptions{0.1, 0.9});
+  for (int i = 0; i < 3; ++i) strategy.train_step(*runner, batch, criterion, sgd);
+  CHECK(strategy.local_sgd_step() == 3);
+  CHECK(strategy.state_dict() == std::map<std::string, double>{{"local_sgd_step", 3}});
+  strategy.consolidate_replicas(sgd);  // a group of one is its own average
+  strategy.load_state_dict({{"local_sgd_step", 7}});
+  CHECK(strategy.local_sgd_step() == 7);
+  CHECK_THROWS_WITH_AS(strategy.load_state_dict({{"local_sgd_step", 2.5}}),
+                       Contains("strategy.local_sgd_step is 2.5, not a count of steps"), Error);
+  strategy.load_state_dict({});  // written without local SGD: the count starts at 0, with a line
+  CHECK(strategy.local_sgd_step() == 0);
+  // Optimizers that would not let the replicas part, or would average them a second time.
+  parallel::ZeroRedundancyOptimizer zero(model->parameters(), [](std::vector<Tensor> shard) {
+    return std::make_shared<optim::SGD>(shard, optim::SGDOptions{0.1});
+  });
+  CHECK_THROWS_WITH_AS(strategy.train_step(*runner, batch, criterion, zero),
+                       Contains("a ZeroRedundancyOptimizer steps one shard per rank"), Error);
+  parallel::PostLocalSGDOptimizer wrapped(std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{0.1}),
+                                          std::make_shared<parallel::PeriodicModelAverager>(2));
+  CHECK_THROWS_WITH_AS(strategy.train_step(*runner, batch, criterion, wrapped),
+                       Contains("the strategy averages the replicas itself; give the loop the optimizer the "
+                                "PostLocalSGDOptimizer(SGD) wraps"), Error);
+  // Without local SGD the strategy keeps nothing and ignores a local-SGD checkpoint's entry.
+  DistributedStrategy plain;
+  plain.prepare(std::make_shared<nn::MLP>(20, std::vector<int64_t>{8}, 10, 0.0, &gen));
+  CHECK(plain.state_dict().empty());
+  plain.load_state_dict({{"local_sgd_step", 3}});
+  CHECK(plain.local_sgd_step() == 0);
   parallel::destroy_process_group();
   std::filesystem::remove(path);
 }

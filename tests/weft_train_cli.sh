@@ -199,6 +199,29 @@ done
   { echo "FAIL: ddp --zero:"; cat "$dir/ddp_zero.log"; exit 1; }
 grep -q "(state sharded: --zero)" "$dir/ddp_zero.log" || { echo "FAIL: ddp --zero:"; cat "$dir/ddp_zero.log"; exit 1; }
 cmp "$dir/ddp_straight.st" "$dir/ddp_zero.st" || { echo "FAIL: ddp --zero ends elsewhere than plain ddp"; exit 1; }
+# --local-sgd: after a warm-up of plain DDP the ranks step on their own gradients and average
+# every 4 steps; the run ends near plain ddp but not on it, its checkpoints count its steps, and
+# one resumed after epoch 1 ends with the uninterrupted run's bytes (the replicas, with their
+# optimizer states, are averaged at each epoch's end).
+"$train" "${common[@]}" "${ddp[@]}" --epochs 2 --local-sgd 4 --local-sgd-warmup 5 --checkpoint "$dir/ddp_local.st" \
+  --metrics-json "$dir/ddp_local.json" > "$dir/ddp_local.log" 2>&1 ||
+  { echo "FAIL: ddp --local-sgd:"; cat "$dir/ddp_local.log"; exit 1; }
+grep -q "local SGD (averaged every 4 steps after 5 of plain DDP)" "$dir/ddp_local.log" ||
+  { echo "FAIL: ddp --local-sgd:"; cat "$dir/ddp_local.log"; exit 1; }
+! cmp -s "$dir/ddp_straight.st" "$dir/ddp_local.st" || { echo "FAIL: --local-sgd changed nothing"; exit 1; }
+[ "$(meta "$dir/ddp_local.st" strategy.local_sgd_step)" = 158 ] ||
+  { echo "FAIL: --local-sgd's checkpoint counts $(meta "$dir/ddp_local.st" strategy.local_sgd_step) steps, not 158"
+    exit 1; }
+accuracy=$(value "$dir/ddp_local.json" test_accuracy)
+awk -v a="$exact_accuracy" -v b="$accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02) }' ||
+  { echo "FAIL: --local-sgd accuracy $accuracy is not within 0.02 of $exact_accuracy"; exit 1; }
+"$train" "${common[@]}" "${ddp[@]}" --epochs 1 --local-sgd 4 --local-sgd-warmup 5 \
+  --checkpoint "$dir/ddp_local_resumed.st" > /dev/null 2>&1
+"$train" "${common[@]}" "${ddp[@]}" --epochs 2 --local-sgd 4 --local-sgd-warmup 5 \
+  --resume "$dir/ddp_local_resumed.st" --checkpoint "$dir/ddp_local_resumed.st" > "$dir/ddp_local_resume.log" 2>&1 ||
+  { echo "FAIL: ddp --local-sgd --resume:"; cat "$dir/ddp_local_resume.log"; exit 1; }
+cmp "$dir/ddp_local.st" "$dir/ddp_local_resumed.st" ||
+  { echo "FAIL: a resumed --local-sgd run differs from an uninterrupted one"; exit 1; }
 "$train" "${common[@]}" "${ddp[@]}" --epochs 1 --checkpoint "$dir/ddp_resumed.st" > /dev/null 2>&1
 "$train" "${common[@]}" "${ddp[@]}" --epochs 2 --resume "$dir/ddp_resumed.st" --checkpoint "$dir/ddp_resumed.st" \
   --checkpoint-every 5 > "$dir/ddp_resume.log" 2>&1 &
@@ -224,6 +247,12 @@ expect_failure "--sync-bn is for --mode ddp" --data synthetic --model resnet --s
 expect_failure "--comm-hook is for --mode ddp" --data synthetic --comm-hook fp16
 expect_failure "--comm-hook: topk not in" --data synthetic --mode ddp --comm-hook topk
 expect_failure "--zero is for --mode ddp" --data synthetic --zero
+expect_failure "--local-sgd is for --mode ddp" --data synthetic --local-sgd 4
+expect_failure "--local-sgd-warmup 3 needs --local-sgd" --data synthetic --mode ddp --local-sgd-warmup 3
+expect_failure "--local-sgd and --zero do not go together" --data synthetic --mode ddp --local-sgd 4 --zero
+expect_failure "--local-sgd brings its own communication hook" --data synthetic --mode ddp --local-sgd 4 \
+  --comm-hook fp16
+expect_failure "--local-sgd: must be a positive integer, got '0'" --data synthetic --mode ddp --local-sgd 0
 
 # An elastic worker resumes from its --checkpoint by itself, with another world size: one
 # process is killed just after a mid-epoch checkpoint, then 2 ddp ranks finish that epoch.

@@ -2,18 +2,30 @@
 #include "train/distributed_strategy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "data/sampler.h"
 #include "parallel/comm_hooks.h"
 #include "parallel/distributed.h"
 #include "parallel/launch_env.h"
+#include "parallel/post_localsgd_optimizer.h"
 #include "parallel/sync_batch_norm.h"
+#include "parallel/zero_redundancy_optimizer.h"
 
 namespace weft::train {
 
 DistributedStrategy::DistributedStrategy(DistributedStrategyOptions options) : options_(std::move(options)) {
+  WEFT_CHECK(options_.local_sgd_period >= 0 && options_.local_sgd_warmup >= 0, "DistributedStrategy: "
+             "local_sgd_period and local_sgd_warmup must be >= 0, got ", options_.local_sgd_period, " and ",
+             options_.local_sgd_warmup);
+  WEFT_CHECK(options_.local_sgd_period > 0 || options_.local_sgd_warmup == 0, "DistributedStrategy: "
+             "local_sgd_warmup ", options_.local_sgd_warmup, " without local SGD (local_sgd_period is 0)");
+  WEFT_CHECK(options_.local_sgd_period == 0 || options_.comm_hook == "allreduce", "DistributedStrategy: local SGD "
+             "brings its own communication hook (post-local SGD), so comm_hook '", options_.comm_hook,
+             "' cannot be used with it");
   if (options_.device) {
     device_ = *options_.device;
   } else if (cuda_available()) {
@@ -43,7 +55,87 @@ std::shared_ptr<nn::Module> DistributedStrategy::prepare(std::shared_ptr<nn::Mod
   }
   ddp_ = std::make_shared<parallel::DistributedDataParallel>(std::move(model), group_, options_.ddp);
   if (options_.comm_hook != "allreduce") ddp_->register_comm_hook(parallel::comm_hook_named(options_.comm_hook));
+  if (options_.local_sgd_period > 0) {
+    // No gradient crosses between the ranks after the warm-up: the replicas meet in the averages.
+    local_sgd_ = std::make_shared<parallel::PostLocalSGDState>(
+        parallel::PostLocalSGDOptions{.start_iteration = options_.local_sgd_warmup,
+                                      .post_local_gradient_allreduce = false,
+                                      .subgroup = std::nullopt});
+    ddp_->register_comm_hook(parallel::post_localsgd_hook(local_sgd_));
+    averager_ = std::make_unique<parallel::PeriodicModelAverager>(options_.local_sgd_period,
+                                                                  options_.local_sgd_warmup, group_);
+    params_ = ddp_->module().parameters();
+  }
   return ddp_;
+}
+
+void DistributedStrategy::check_local_sgd_optimizer(const optim::Optimizer& optimizer) const {
+  WEFT_CHECK(dynamic_cast<const parallel::ZeroRedundancyOptimizer*>(&optimizer) == nullptr, "DistributedStrategy: "
+             "local SGD needs every rank to step its own replica, but a ZeroRedundancyOptimizer steps one shard per "
+             "rank and broadcasts it, which makes the replicas equal at every step; use the optimizer it wraps");
+  WEFT_CHECK(dynamic_cast<const parallel::PostLocalSGDOptimizer*>(&optimizer) == nullptr, "DistributedStrategy: "
+             "with local_sgd_period the strategy averages the replicas itself; give the loop the optimizer the ",
+             optimizer.name(), " wraps, or drop local_sgd_period");
+}
+
+Tensor DistributedStrategy::train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,
+                                       optim::Optimizer& optimizer) {
+  if (!averager_) return Strategy::train_step(model, batch, criterion, optimizer);
+  check_local_sgd_optimizer(optimizer);
+  // The hook counts this backward; the averager counts this step and averages on its schedule.
+  Tensor loss = Strategy::train_step(model, batch, criterion, optimizer);
+  if (averager_->averages_at(averager_->step())) {
+    TraceSpan span("average parameters", device_);
+    averager_->average_parameters(params_);
+  } else {
+    averager_->average_parameters(params_);  // counts the step
+  }
+  return loss;
+}
+
+void DistributedStrategy::consolidate_replicas(optim::Optimizer& optimizer) {
+  // Before the first local step the replicas are equal: averaging them could only round.
+  if (!local_sgd_ || local_sgd_->iteration() <= options_.local_sgd_warmup) return;
+  TraceSpan span("average replicas", device_);
+  std::vector<Tensor> state;
+  for (const auto& [name, t] : optimizer.state_dict().tensors)
+    if (is_floating(t.dtype())) state.push_back(t);  // aliases of the optimizer's own
+  // Every rank must average the same list, or the flattened all-reduces would not line up.
+  double elements = 0;
+  for (const Tensor& t : state) elements += static_cast<double>(t.numel());
+  const double count = static_cast<double>(state.size());
+  Tensor extremes = tensor(std::vector<double>{count, elements, -count, -elements});
+  if (!device_.is_cpu()) extremes = extremes.to(device_);
+  group_->all_reduce(extremes, parallel::ReduceOp::Max)->wait();
+  const auto e = extremes.to(kCPU).to_vector<double>();
+  WEFT_CHECK(e[0] == -e[2] && e[1] == -e[3], "DistributedStrategy: local SGD cannot average the optimizers' states: "
+             "rank ", rank(), "'s ", optimizer.name(), " holds ", state.size(), " state tensors of ", elements,
+             " elements, but the ranks hold from ", -e[2], " to ", e[0], " tensors and from ", -e[3], " to ", e[1],
+             " elements (a parameter that has had a gradient on some ranks only?)");
+  parallel::average_parameters(params_, *group_);
+  parallel::average_parameters(state, *group_);
+}
+
+std::map<std::string, double> DistributedStrategy::state_dict() const {
+  if (!averager_) return {};
+  return {{"local_sgd_step", static_cast<double>(averager_->step())}};
+}
+
+void DistributedStrategy::load_state_dict(const std::map<std::string, double>& state) {
+  if (!averager_) return;
+  auto it = state.find("local_sgd_step");
+  const double step = it != state.end() ? it->second : 0.0;
+  WEFT_CHECK(step >= 0 && step <= 9007199254740992.0 && step == std::floor(step), "resume: the checkpoint's "
+             "strategy.local_sgd_step is ", step, ", not a count of steps");
+  if (it == state.end() && rank() == 0)
+    std::cerr << "weft: local SGD: the checkpoint was written without it, so its step count starts at 0"
+              << (options_.local_sgd_warmup > 0
+                      ? "; its warm-up runs again (plain DDP up to step " +
+                            std::to_string(options_.local_sgd_warmup) + ")"
+                      : std::string())
+              << std::endl;
+  averager_->set_step(static_cast<int64_t>(step));
+  local_sgd_->set_iteration(static_cast<int64_t>(step));
 }
 
 parallel::DistributedDataParallel& DistributedStrategy::ddp() const {

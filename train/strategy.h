@@ -15,6 +15,7 @@
 // PipelineStrategy (train/pipeline_strategy.h): one process, the model split into stages.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,6 +78,19 @@ class Strategy {
   // Returns once every process of the run has called it (ddp: the group's barrier): after
   // a checkpoint, so that every rank's Callback::on_checkpoint finds rank 0's file complete.
   virtual void barrier() {}
+
+  // Makes every process's replica of the model, and of the optimizer's state, the same: the
+  // loop calls it at each epoch's end (before evaluating) and before each mid-epoch
+  // checkpoint, so that what is evaluated and what the main process saves is the whole run's
+  // state. A no-op where the replicas never part (ddp with local SGD averages them here: a
+  // collective).
+  virtual void consolidate_replicas(optim::Optimizer& optimizer) {}
+  // What the strategy keeps across a checkpoint (ddp with local SGD: its step count), saved
+  // as "strategy.<key>" metadata. load_state_dict checks before it changes anything; a
+  // strategy that keeps nothing ignores the entries (a local-SGD run's checkpoint goes on as
+  // plain ddp, or on one device).
+  virtual std::map<std::string, double> state_dict() const { return {}; }
+  virtual void load_state_dict(const std::map<std::string, double>& state) {}
 };
 
 // The model runs on the device it is on; given a device, the model is moved there first.

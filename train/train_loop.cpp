@@ -31,7 +31,7 @@ namespace {
 bool is_loop_metadata(const std::string& key) {
   for (const char* exact : {"format", "epoch", "epoch_samples", "epoch_loss_sum", "epoch_batches", "scheduler"})
     if (key == exact) return true;
-  for (const char* prefix : {"rng.", "optimizer.", "scheduler."})
+  for (const char* prefix : {"rng.", "optimizer.", "scheduler.", "strategy."})
     if (key.rfind(prefix, 0) == 0) return true;
   return false;
 }
@@ -159,6 +159,7 @@ std::optional<EpochResult> TrainLoop::train_epoch(int epoch, int epochs) {
       epoch_samples_ = base_samples + static_cast<int64_t>(so_far.samples);
       epoch_loss_sum_ = so_far.loss;  // the main process's sum started from the recorded one
       epoch_batches_ = base_batches + static_cast<int64_t>(so_far.batches);
+      strategy_->consolidate_replicas(*optimizer_);
       checkpoint_point();
       if (stop_requested_) {
         stopped = true;
@@ -210,6 +211,7 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
     std::optional<EpochResult> trained = train_epoch(epoch, epochs);
     if (!trained) break;  // stopped at a mid-epoch checkpoint
     EpochResult result = *trained;
+    strategy_->consolidate_replicas(*optimizer_);  // one model to evaluate and save
     const double lr = optimizer_->lr();  // the epoch's, before the schedule moves it
     if (options_.scheduler) options_.scheduler->step();
     if (val_loader_) result.val = evaluate(*val_loader_);
@@ -286,7 +288,8 @@ std::optional<Evaluation> TrainLoop::evaluate_test() {
 // them is at an epoch's end), the optimizer's scalars, the scheduler's ("scheduler" = its
 // name, "scheduler.<key>"), every default generator's state as "rng.<device>.seed" and
 // "rng.<device>.offset", and options.checkpoint_metadata. Doubles are written with 17
-// significant digits, which reads back to the same double. Format 1 (one generator:
+// significant digits, which reads back to the same double. The strategy's state, if it keeps
+// one, is "strategy.<key>" (local SGD's step count). Format 1 (one generator:
 // "rng.seed", "rng.offset", for cpu:0) is still read.
 
 namespace {
@@ -378,6 +381,7 @@ void TrainLoop::save_checkpoint(const std::string& path) const {
     meta["scheduler"] = options_.scheduler->name();
     for (auto& [name, v] : options_.scheduler->state_dict()) meta["scheduler." + name] = exact(v);
   }
+  for (auto& [name, v] : strategy_->state_dict()) meta["strategy." + name] = exact(v);
   meta.insert(options_.checkpoint_metadata.begin(), options_.checkpoint_metadata.end());
   save_safetensors(path, tensors, meta);
 }
@@ -394,10 +398,11 @@ void TrainLoop::resume(const std::string& path) {
     else if (name.rfind("optimizer.", 0) == 0) optimizer_state.tensors.emplace_back(name.substr(10), t);
     else WEFT_FAIL("resume: '", path, "' holds an unexpected tensor '", name, "'");
   }
-  std::map<std::string, double> scheduler_state;
+  std::map<std::string, double> scheduler_state, strategy_state;
   for (auto& [key, value] : file.metadata) {
     if (key.rfind("optimizer.", 0) == 0) optimizer_state.scalars[key.substr(10)] = parse_double(file.metadata, key, path);
     if (key.rfind("scheduler.", 0) == 0) scheduler_state[key.substr(10)] = parse_double(file.metadata, key, path);
+    if (key.rfind("strategy.", 0) == 0) strategy_state[key.substr(9)] = parse_double(file.metadata, key, path);
   }
   // Everything is read and checked before anything is changed.
   auto generators = read_generator_states(file.metadata, format->second, path);
@@ -434,6 +439,7 @@ void TrainLoop::resume(const std::string& path) {
                " learning-rate scheduler, but this loop has none (TrainLoopOptions::scheduler): its learning rate "
                "would stay where the schedule left it");
   }
+  strategy_->load_state_dict(strategy_state);  // checks before it changes anything
   model_->load_state_dict(model_state);
   optimizer_->load_state_dict(optimizer_state);
   if (options_.scheduler) options_.scheduler->load_state_dict(scheduler_state);

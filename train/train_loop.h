@@ -7,8 +7,10 @@
 // the loop calls the strategy at fixed points and never branches on the parallel mode).
 // An epoch sets the loaders' epoch (so shuffling is a function of (seed, epoch)), trains
 // over the train loader, then evaluates val and test. A checkpoint holds the model, the
-// optimizer, the scheduler, the epoch and every default generator's state, so a resumed
-// run ends with the same weights as an uninterrupted one.
+// optimizer, the scheduler, the strategy's state (local SGD's step count), the epoch and every
+// default generator's state, so a resumed run ends with the same weights as an uninterrupted
+// one. Before evaluating and before a mid-epoch checkpoint the strategy consolidates replicas
+// that may have drifted apart (ddp with local SGD: Note [Local SGD in the TrainLoop]).
 //
 // Note [Mid-epoch checkpoints]: with options.checkpoint_every = K a checkpoint is also
 // written after every K-th step of an epoch (not after its last: the epoch's own covers
@@ -92,7 +94,7 @@ struct TrainLoopOptions {
   // Written into every checkpoint's metadata beside the loop's own entries (a program's
   // run configuration: weft-train records its flags and checks them on resume). Keys must
   // not be the loop's: "format", "epoch", "epoch_samples", "epoch_loss_sum",
-  // "epoch_batches", "scheduler", "rng.*", "optimizer.*", "scheduler.*".
+  // "epoch_batches", "scheduler", "rng.*", "optimizer.*", "scheduler.*", "strategy.*".
   std::map<std::string, std::string> checkpoint_metadata;
   bool progress = true;         // per-step progress: a bar on a terminal, plain lines otherwise
   std::ostream* log = nullptr;  // where progress and epoch lines go (default std::cout)
