@@ -117,6 +117,10 @@ const std::vector<RunFlag>& run_flags() {
        [](Config& c, const std::string& v) { c.weight_decay = parse_exact(v); }},
       {"lr-schedule", [](const Config& c) { return c.lr_schedule; },
        [](Config& c, const std::string& v) { c.lr_schedule = v; }},
+      {"local-sgd", [](const Config& c) { return std::to_string(c.local_sgd); },
+       [](Config& c, const std::string& v) { c.local_sgd = std::stoll(v); }},
+      {"local-sgd-warmup", [](const Config& c) { return std::to_string(c.local_sgd_warmup); },
+       [](Config& c, const std::string& v) { c.local_sgd_warmup = std::stoll(v); }},
   };
   return flags;
 }
@@ -241,8 +245,6 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
              "--comm-hook is for --mode ddp (it is how DistributedDataParallel's buckets cross between processes)");
   WEFT_CHECK(!c.zero || mode == train::ParallelMode::DistributedDataParallel,
              "--zero is for --mode ddp (it shards the optimizer's state over the processes of the job)");
-  WEFT_CHECK(c.local_sgd == 0 || mode == train::ParallelMode::DistributedDataParallel,
-             "--local-sgd is for --mode ddp (it averages the replicas of the processes of the job)");
   switch (mode) {
     case train::ParallelMode::Single: return std::make_shared<train::SingleDevice>();
     case train::ParallelMode::DataParallel: return std::make_shared<train::DataParallelStrategy>(devices);
@@ -251,7 +253,7 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
       options.device = devices[0];
       options.sync_batch_norm = c.sync_bn;
       options.comm_hook = c.comm_hook;
-      options.local_sgd_period = c.local_sgd;
+      options.local_sgd_period = c.local_sgd;  // perhaps the resumed run's (run_flags)
       options.local_sgd_warmup = c.local_sgd_warmup;
       return std::make_shared<train::DistributedStrategy>(options);
     }
@@ -314,6 +316,8 @@ std::string mid_epoch(const train::TrainLoop& loop) {
 void check_flags(const Config& c) {
   WEFT_CHECK(c.checkpoint_every == 0 || !c.checkpoint.empty(), "--checkpoint-every ", c.checkpoint_every,
              " needs --checkpoint: the file its mid-epoch checkpoints are written to");
+  WEFT_CHECK(!c.given.count("local-sgd") || c.mode == "ddp",
+             "--local-sgd is for --mode ddp (it averages the replicas of the processes of the job)");
   WEFT_CHECK(c.local_sgd > 0 || !c.given.count("local-sgd-warmup"), "--local-sgd-warmup ", c.local_sgd_warmup,
              " needs --local-sgd: the period of the averages that follow the warm-up");
   WEFT_CHECK(c.local_sgd == 0 || !c.zero, "--local-sgd and --zero do not go together: with --zero each rank steps "

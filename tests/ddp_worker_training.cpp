@@ -192,9 +192,11 @@ std::vector<int64_t> epoch_order(int epoch) {
   return randperm(kElasticSamples, DType::Int64, &gen).to_vector<int64_t>();
 }
 
-// The job's loop: ddp (several buckets), a checkpoint every kElasticEvery steps, no output.
+// The job's loop: ddp (several buckets), a checkpoint every kElasticEvery steps, no output;
+// evaluating `val` after each epoch where it is given.
 std::unique_ptr<train::TrainLoop> elastic_loop(ElasticSetup& s, const std::string& checkpoint,
-                                               train::DistributedStrategyOptions strategy, std::ostringstream& log) {
+                                               train::DistributedStrategyOptions strategy, std::ostringstream& log,
+                                               std::shared_ptr<data::DataLoader> val = nullptr) {
   data::DataLoaderOptions loader;
   loader.batch_size = kElasticBatch;
   loader.shuffle = true;
@@ -209,7 +211,7 @@ std::unique_ptr<train::TrainLoop> elastic_loop(ElasticSetup& s, const std::strin
   options.progress = false;
   options.log = &log;
   return std::make_unique<train::TrainLoop>(
-      s.model, std::make_shared<data::DataLoader>(s.dataset, loader), nullptr, nullptr, s.optimizer,
+      s.model, std::make_shared<data::DataLoader>(s.dataset, loader), std::move(val), nullptr, s.optimizer,
       [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, options);
 }
 
@@ -282,7 +284,8 @@ namespace {
 // checkpoint step and at each epoch's end, once a local step has been taken, the replicas'
 // parameters and optimizer states become their means. A resumed job of R' ranks starts R'
 // replicas from the checkpoint's (consolidated) one, and numbers its steps from the epoch's
-// position as the loop does: start / R' / b.
+// position as the loop does: start / R' / b. Each epoch's validation loss is the consolidated
+// model's.
 constexpr int64_t kLocalPeriod = 3, kLocalWarmup = 2;
 
 struct LocalReference {
@@ -381,8 +384,16 @@ int scenario_elastic_local_sgd(const std::string& phase, const std::string& opti
   train::DistributedStrategyOptions local;
   local.local_sgd_period = kLocalPeriod;
   local.local_sgd_warmup = kLocalWarmup;
+  // Evaluated after each epoch: the loop must have made the replicas one first.
+  Generator val_gen(12);
+  const Tensor val_x = randn({30, 20}, TensorOptions(DType::Float64), &val_gen);
+  const Tensor val_y = randint(0, 10, {30}, DType::Int64, &val_gen);
+  auto val_set = std::make_shared<data::TensorDataset>(val_x, val_y);
+  data::DataLoaderOptions val_options;
+  val_options.batch_size = 8;
   std::ostringstream log;
-  std::unique_ptr<train::TrainLoop> job = elastic_loop(s, checkpoint, local, log);
+  std::unique_ptr<train::TrainLoop> job =
+      elastic_loop(s, checkpoint, local, log, std::make_shared<data::DataLoader>(val_set, val_options));
   train::TrainLoop& loop = *job;
   auto& strategy = dynamic_cast<train::DistributedStrategy&>(loop.strategy());
   const int64_t stopped_at = kElasticEvery * kElasticBatch * world_before;
@@ -402,16 +413,22 @@ int scenario_elastic_local_sgd(const std::string& phase, const std::string& opti
 
   LocalReference ref;
   for (int r = 0; r < world_before; ++r) ref.replicas.push_back(elastic_setup(optimizer));
-  std::vector<double> loss_means;
+  std::vector<double> loss_means, val_losses;
+  auto val_loss = [&] {
+    NoGradGuard no_grad;
+    return cross_entropy(ref.replicas[0].model->forward(val_x.to(device())), val_y.to(device())).item<double>();
+  };
   double loss_sum = 0, batches = 0;
   local_epoch(ref, epoch_order(0), 0, kElasticEvery, &loss_sum, &batches);
   const ElasticSetup saved = ref.replicas[0];
   restart_replicas(ref, saved, world, optimizer);
   local_epoch(ref, epoch_order(0), stopped_at, -1, &loss_sum, &batches);
   loss_means.push_back(loss_sum / batches);
+  val_losses.push_back(val_loss());
   loss_sum = batches = 0;
   local_epoch(ref, epoch_order(1), 0, -1, &loss_sum, &batches);
   loss_means.push_back(loss_sum / batches);
+  val_losses.push_back(val_loss());
 
   std::string where;
   const std::string what = optimizer + ", " + std::to_string(world_before) + " -> " + std::to_string(world) + " ranks";
@@ -432,6 +449,12 @@ int scenario_elastic_local_sgd(const std::string& phase, const std::string& opti
     if (!(std::fabs(results[e].train_loss - loss_means[e]) <= 1e-9 * std::fabs(loss_means[e])))
       fail(what + ": epoch " + std::to_string(e + 1) + "'s mean loss is " + std::to_string(results[e].train_loss) +
            ", the reference's " + std::to_string(loss_means[e]));
+  for (size_t e = 0; e < results.size() && e < val_losses.size(); ++e) {
+    const double got = results[e].val ? results[e].val->loss : -1;
+    if (!(std::fabs(got - val_losses[e]) <= 1e-9 * std::fabs(val_losses[e])))
+      fail(what + ": epoch " + std::to_string(e + 1) + "'s validation loss is " + std::to_string(got) +
+           ", the consolidated reference's " + std::to_string(val_losses[e]));
+  }
   destroy_process_group();
   return failures == 0 ? 0 : 1;
 }

@@ -23,6 +23,7 @@
 
 #include <weft.h>
 
+#include "parallel/connect_peers.h"
 #include "parallel/distributed.h"
 #include "parallel/monitored_barrier.h"
 #include "parallel/ring_allreduce.h"
@@ -263,6 +264,41 @@ int scenario_ring() {
   return failures == 0 ? 0 : 1;
 }
 
+// connect_peers (3 ranks or more): pairs outside the group refused on every rank before any
+// message; a rank in no pair goes on at once; after the pairs are connected, a ring of
+// messages through them arrives.
+int scenario_connect_peers() {
+  InitOptions options;
+  options.timeout = std::chrono::seconds(30);
+  init_process_group(backend(), options);
+  ProcessGroup& group = default_group();
+  const int rank = get_rank(), world = get_world_size();
+  for (const auto& [a, b] : std::vector<std::pair<int, int>>{{1, 1}, {0, world}, {-1, 0}}) {
+    const std::string expected = "connect_peers: the pair (" + std::to_string(a) + ", " + std::to_string(b) +
+                                 ") is not two different ranks of the group of " + std::to_string(world);
+    try {
+      connect_peers(group, {{0, 1}, {a, b}}, device());
+      fail("the pair (" + std::to_string(a) + ", " + std::to_string(b) + ") was accepted");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find(expected) == std::string::npos) fail("unexpected error: " + std::string(e.what()));
+    }
+  }
+  connect_peers(group, {{0, 1}}, device());  // the other ranks are in no pair
+  std::vector<std::pair<int, int>> ring;
+  for (int r = 0; r < world; ++r) ring.emplace_back((r + 1) % world, r);  // either order; repeats count once
+  ring.emplace_back(0, 1);
+  connect_peers(group, ring, device());
+  Tensor mine = full({3}, static_cast<double>(rank + 1), on_device()), theirs = zeros({3}, on_device());
+  const int next = (rank + 1) % world, previous = (rank + world - 1) % world;
+  auto sent = group.send(mine, next);
+  group.recv(theirs, previous)->wait();
+  sent->wait();
+  if (theirs.to_vector<float>() != std::vector<float>(3, static_cast<float>(previous + 1)))
+    fail("the message from rank " + std::to_string(previous) + " after connect_peers");
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
 // Prints the rank and size init_process_group found (the env tests compare them).
 int scenario_identity() {
   init_process_group(backend());
@@ -386,6 +422,7 @@ int main(int argc, char** argv) {
     if (scenario == "collectives") return scenario_collectives();
     if (scenario == "identity") return scenario_identity();
     if (scenario == "ring") return scenario_ring();
+    if (scenario == "connect_peers") return scenario_connect_peers();
     if (scenario == "mismatch") return scenario_mismatch();
     if (scenario == "dead_peer") return scenario_dead_peer();
     if (scenario == "missing") return scenario_missing();
@@ -397,6 +434,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cerr << "process_group_worker: unknown scenario '" << scenario
-            << "' (collectives, identity, ring, mismatch, dead_peer, missing, monitored_barrier, trace)\n";
+            << "' (collectives, identity, ring, connect_peers, mismatch, dead_peer, missing, monitored_barrier, "
+            << "trace)\n";
   return 2;
 }

@@ -61,6 +61,12 @@ TEST_CASE("nccl: the ring all-reduce over NCCL's sends and receives equals NCCL'
   test::check_all_ok(test::run_processes({WEFT_PROCESS_GROUP_WORKER, "ring"}, nccl_rank_envs(3), std::chrono::seconds(240)));
 }
 
+TEST_CASE("nccl: connect_peers makes the pairs' communicators one after another; messages then arrive") {
+  if (skip_without_nccl()) return;
+  test::check_all_ok(test::run_processes({WEFT_PROCESS_GROUP_WORKER, "connect_peers"}, nccl_rank_envs(3),
+                                         std::chrono::seconds(240)));
+}
+
 TEST_CASE("nccl: a dead peer ends the other rank with a message, or makes its group throw") {
   if (skip_without_nccl()) return;
   // By default the watchdog aborts the communicators and ends the process.
@@ -175,9 +181,9 @@ TEST_CASE("nccl: a ddp TrainLoop with local SGD resumed on another world size eq
   // parameters and optimizer state averaged as CUDA buffers over NCCL.
   const std::string checkpoint = (std::filesystem::temp_directory_path() /
                                   ("weft_nccl_local_sgd_" + std::to_string(::getpid()) + ".safetensors")).string();
-  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "elastic_local_sgd", "stop", "sgd", checkpoint},
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "elastic_local_sgd", "stop", "adam", checkpoint},
                                          nccl_rank_envs(3), std::chrono::seconds(240)));
-  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "elastic_local_sgd", "resume", "sgd", checkpoint, "3"},
+  test::check_all_ok(test::run_processes({WEFT_DDP_WORKER, "elastic_local_sgd", "resume", "adam", checkpoint, "3"},
                                          nccl_rank_envs(2), std::chrono::seconds(240)));
   std::filesystem::remove(checkpoint);
 }

@@ -229,7 +229,7 @@ TEST_CASE("a ddp TrainLoop with local SGD, resumed mid-epoch on another world si
   // Note [Local SGD's TrainLoop reference] in tests/ddp_worker_training.cpp: the averages on
   // the schedule, and the replicas (parameters and optimizer state) made one at the
   // checkpoints and epochs' ends, which is what lets the job resume on another world size.
-  const std::vector<std::tuple<int, int, std::string>> cases = {{2, 2, "sgd"}, {3, 2, "adam"}};
+  const std::vector<std::tuple<int, int, std::string>> cases = {{2, 3, "sgd"}, {3, 2, "adam"}};
   for (const auto& [before, after, optimizer] : cases) {
     CAPTURE(before);
     CAPTURE(after);

@@ -41,6 +41,14 @@ TEST_CASE("the ring all-reduce equals Gloo's at world sizes 2, 3 and 4; WEFT_ALL
   test::check_all_ok(test::run_ranks({worker, "collectives"}, 3, std::chrono::seconds(120), {{"WEFT_ALL_REDUCE", "ring"}}));
 }
 
+TEST_CASE("connect_peers exchanges a message per pair, refuses pairs outside the group, skips ranks in none") {
+  if (test::skip_without_gloo()) return;
+  for (int world : {3, 4}) {
+    CAPTURE(world);
+    test::check_all_ok(test::run_ranks({worker, "connect_peers"}, world, std::chrono::seconds(60)));
+  }
+}
+
 TEST_CASE("env:// reads torchrun's, Slurm's and Open MPI's variables") {
   if (test::skip_without_gloo()) return;
   const int slurm_port = test::free_port(), ompi_port = test::free_port();

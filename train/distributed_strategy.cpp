@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <optional>
 
 #include "core/error.h"
 #include "core/trace.h"
@@ -84,12 +85,9 @@ Tensor DistributedStrategy::train_step(nn::Module& model, const data::Batch& bat
   check_local_sgd_optimizer(optimizer);
   // The hook counts this backward; the averager counts this step and averages on its schedule.
   Tensor loss = Strategy::train_step(model, batch, criterion, optimizer);
-  if (averager_->averages_at(averager_->step())) {
-    TraceSpan span("average parameters", device_);
-    averager_->average_parameters(params_);
-  } else {
-    averager_->average_parameters(params_);  // counts the step
-  }
+  std::optional<TraceSpan> span;  // only where this step averages
+  if (averager_->averages_at(averager_->step())) span.emplace("average parameters", device_);
+  averager_->average_parameters(params_);
   return loss;
 }
 
@@ -97,22 +95,27 @@ void DistributedStrategy::consolidate_replicas(optim::Optimizer& optimizer) {
   // Before the first local step the replicas are equal: averaging them could only round.
   if (!local_sgd_ || local_sgd_->iteration() <= options_.local_sgd_warmup) return;
   TraceSpan span("average replicas", device_);
-  std::vector<Tensor> state;
+  // The parameters, the floating buffers (running statistics: each rank's own after its last
+  // forward) and the optimizer's state tensors (aliases of its own), in one list: one
+  // all-reduce per dtype.
+  std::vector<Tensor> state = params_;
+  for (const Tensor& b : ddp_->module().buffers())
+    if (is_floating(b.dtype())) state.push_back(b);
+  const size_t own = state.size();
   for (const auto& [name, t] : optimizer.state_dict().tensors)
-    if (is_floating(t.dtype())) state.push_back(t);  // aliases of the optimizer's own
+    if (is_floating(t.dtype())) state.push_back(t);
   // Every rank must average the same list, or the flattened all-reduces would not line up.
   double elements = 0;
-  for (const Tensor& t : state) elements += static_cast<double>(t.numel());
-  const double count = static_cast<double>(state.size());
+  for (size_t i = own; i < state.size(); ++i) elements += static_cast<double>(state[i].numel());
+  const double count = static_cast<double>(state.size() - own);
   Tensor extremes = tensor(std::vector<double>{count, elements, -count, -elements});
   if (!device_.is_cpu()) extremes = extremes.to(device_);
   group_->all_reduce(extremes, parallel::ReduceOp::Max)->wait();
   const auto e = extremes.to(kCPU).to_vector<double>();
   WEFT_CHECK(e[0] == -e[2] && e[1] == -e[3], "DistributedStrategy: local SGD cannot average the optimizers' states: "
-             "rank ", rank(), "'s ", optimizer.name(), " holds ", state.size(), " state tensors of ", elements,
+             "rank ", rank(), "'s ", optimizer.name(), " holds ", count, " state tensors of ", elements,
              " elements, but the ranks hold from ", -e[2], " to ", e[0], " tensors and from ", -e[3], " to ", e[1],
              " elements (a parameter that has had a gradient on some ranks only?)");
-  parallel::average_parameters(params_, *group_);
   parallel::average_parameters(state, *group_);
 }
 
@@ -121,12 +124,19 @@ std::map<std::string, double> DistributedStrategy::state_dict() const {
   return {{"local_sgd_step", static_cast<double>(averager_->step())}};
 }
 
+void DistributedStrategy::check_state_dict(const std::map<std::string, double>& state) const {
+  auto it = state.find("local_sgd_step");
+  if (!averager_ || it == state.end()) return;
+  const double step = it->second;
+  WEFT_CHECK(step >= 0 && step <= 9007199254740992.0 && step == std::floor(step), "the checkpoint's "
+             "strategy.local_sgd_step is ", step, ", not a count of steps");
+}
+
 void DistributedStrategy::load_state_dict(const std::map<std::string, double>& state) {
+  check_state_dict(state);
   if (!averager_) return;
   auto it = state.find("local_sgd_step");
   const double step = it != state.end() ? it->second : 0.0;
-  WEFT_CHECK(step >= 0 && step <= 9007199254740992.0 && step == std::floor(step), "resume: the checkpoint's "
-             "strategy.local_sgd_step is ", step, ", not a count of steps");
   if (it == state.end() && rank() == 0)
     std::cerr << "weft: local SGD: the checkpoint was written without it, so its step count starts at 0"
               << (options_.local_sgd_warmup > 0

@@ -79,17 +79,20 @@ class Strategy {
   // a checkpoint, so that every rank's Callback::on_checkpoint finds rank 0's file complete.
   virtual void barrier() {}
 
-  // Makes every process's replica of the model, and of the optimizer's state, the same: the
+  // Makes every process's replica of the model (parameters and floating buffers), and of the
+  // optimizer's state, the same: the
   // loop calls it at each epoch's end (before evaluating) and before each mid-epoch
   // checkpoint, so that what is evaluated and what the main process saves is the whole run's
   // state. A no-op where the replicas never part (ddp with local SGD averages them here: a
   // collective).
   virtual void consolidate_replicas(optim::Optimizer& optimizer) {}
   // What the strategy keeps across a checkpoint (ddp with local SGD: its step count), saved
-  // as "strategy.<key>" metadata. load_state_dict checks before it changes anything; a
-  // strategy that keeps nothing ignores the entries (a local-SGD run's checkpoint goes on as
-  // plain ddp, or on one device).
+  // as "strategy.<key>" metadata. check_state_dict throws where load_state_dict would, and
+  // changes nothing (resume checks everything before it loads anything); a strategy that
+  // keeps nothing ignores the entries (a local-SGD run's checkpoint goes on as plain ddp, or
+  // on one device).
   virtual std::map<std::string, double> state_dict() const { return {}; }
+  virtual void check_state_dict(const std::map<std::string, double>& state) const {}
   virtual void load_state_dict(const std::map<std::string, double>& state) {}
 };
 

@@ -439,9 +439,14 @@ void TrainLoop::resume(const std::string& path) {
                " learning-rate scheduler, but this loop has none (TrainLoopOptions::scheduler): its learning rate "
                "would stay where the schedule left it");
   }
-  strategy_->load_state_dict(strategy_state);  // checks before it changes anything
+  try {
+    strategy_->check_state_dict(strategy_state);
+  } catch (const Error& e) {
+    WEFT_FAIL("resume: checkpoint '", path, "': ", e.what());
+  }
   model_->load_state_dict(model_state);
   optimizer_->load_state_dict(optimizer_state);
+  strategy_->load_state_dict(strategy_state);
   if (options_.scheduler) options_.scheduler->load_state_dict(scheduler_state);
   epoch_ = static_cast<int>(epoch);
   epoch_samples_ = epoch_samples, epoch_loss_sum_ = epoch_loss_sum, epoch_batches_ = epoch_batches;

@@ -119,6 +119,9 @@ class TrainLoop {
   // before that checkpoint is written. A stop requested with request_stop() ends it at the
   // next checkpoint point.
   std::vector<EpochResult> fit(int epochs);
+  // Called by hand (not by fit) in ddp with local SGD, where each rank's replica may differ
+  // from the others': every rank calls strategy().consolidate_replicas(optimizer()) first to
+  // evaluate or save one model.
   Evaluation evaluate(data::DataLoader& loader);
   // The test loader given at construction (as the strategy shards it), as fit() evaluates it
   // after an epoch; nullopt without one.
@@ -129,7 +132,8 @@ class TrainLoop {
   // position of the last checkpoint point: called by hand in the middle of an epoch it would
   // pair the current weights with an older position (use options.checkpoint_every). With a
   // sharded optimizer (parallel::ZeroRedundancyOptimizer), every rank must have called
-  // optimizer().consolidate_state_dict() first, as the loop's own checkpoints do.
+  // optimizer().consolidate_state_dict() first, as the loop's own checkpoints do; with local
+  // SGD, strategy().consolidate_replicas(optimizer()) too (see evaluate).
   void save_checkpoint(const std::string& path) const;
   // Loads a checkpoint (this loop's scheduler, if any, must match the one saved; its metadata
   // is checked before anything changes). The next fit() goes on from its point.

@@ -4,21 +4,19 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "core/autograd.h"
 #include "core/error.h"
 #include "kernels/elementwise.h"
 #include "kernels/shape_ops.h"
+#include "parallel/connect_peers.h"
 
 namespace weft::parallel::pipeline {
 
 namespace {
 
 constexpr int kMaxDims = 6;
-// The tag of connect_peers' messages, above every step message's (GroupTransport::tag).
-constexpr int kConnectTag = (1 << 30) - 1;
 
 // The stage that receives what `a` (a SEND or RECV action) carries, and the one that sends it.
 int receiving_stage(const Action& a) {
@@ -107,7 +105,7 @@ class GroupTransport final : public Transport {
   // Gloo's tags are below 2^30 for users: two per message.
   int tag(int64_t id, int part) const {
     const int64_t t = id * 2 + part;
-    WEFT_CHECK(t < kConnectTag, "pipeline: too many stages and micro-batches for message tags");
+    WEFT_CHECK(t < kConnectPeersTag, "pipeline: too many stages and micro-batches for message tags");
     return static_cast<int>(t);
   }
 
@@ -204,35 +202,17 @@ void DistributedPipeline::set_schedule(Schedule schedule) {
 // waiting for this communicator: the first GPU run hung so in 1F1B over two ranks (rank 1
 // making its communicator for gradients to rank 0, inside NCCL's cuMemHostAlloc, behind a
 // running send/receive kernel; rank 0 issuing its receive of those gradients). So the pairs
-// are connected here, before any step: pair after pair in the same order on every rank, the
-// lower rank sending first, each message done before the next, so that no communicator is
-// made while a kernel of this rank runs.
+// are connected here, before any step (parallel::connect_peers): pair after pair in the same
+// order on every rank, the lower rank sending first, each message done before the next, so
+// that no communicator is made while a kernel of this rank runs.
 void DistributedPipeline::connect_peers(const Schedule& s) const {
-  std::set<std::pair<int, int>> pairs;
+  std::vector<std::pair<int, int>> pairs;
   for (int r = 0; r < s.num_ranks(); ++r)
     for (const Action& a : s.actions[r]) {
       const int to = is_send(a) ? s.rank_of(receiving_stage(a)) : r;
-      if (to != r) pairs.insert({std::min(r, to), std::max(r, to)});
+      if (to != r) pairs.emplace_back(r, to);
     }
-  const int me = group_->rank();
-  const TensorOptions on_device(DType::Float32, options_.device);
-  for (const auto& [low, high] : pairs) {
-    if (me != low && me != high) continue;
-    const int peer = me == low ? high : low;
-    Tensor mine = full({1}, static_cast<double>(me), on_device), theirs = zeros({1}, on_device);
-    // wait() returns once the operation is queued (its communicator made); synchronize()
-    // waits for it to be done, so that the next communicator is made with nothing in flight.
-    auto done = [&](const std::shared_ptr<Work>& work) {
-      work->wait();
-      synchronize(options_.device);
-    };
-    if (me == low) done(group_->send(mine, peer, kConnectTag));
-    done(group_->recv(theirs, peer, kConnectTag));
-    if (me == high) done(group_->send(mine, peer, kConnectTag));
-    const double got = theirs.item();
-    WEFT_CHECK(got == static_cast<double>(peer), "DistributedPipeline: connecting to rank ", peer, " got ", got,
-               " instead of its rank");
-  }
+  parallel::connect_peers(*group_, pairs, options_.device);
 }
 
 std::shared_ptr<nn::Module> DistributedPipeline::shallow_copy() const {

@@ -76,8 +76,7 @@ class DistributedPipeline : public nn::Module {
   // All-gathers the model's layer count and the options; a rank that differs is an error
   // naming the field and both ranks (on every rank), instead of a wait for messages that never come.
   void check_ranks_agree(size_t layers) const;
-  // One message each way between this rank and each rank the schedule connects it to, pair
-  // by pair in one order on every rank, each message done before the next.
+  // parallel::connect_peers for the pairs of ranks the schedule sends between.
   void connect_peers(const Schedule& schedule) const;
 
   std::shared_ptr<ProcessGroup> group_;
