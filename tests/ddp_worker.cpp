@@ -243,6 +243,7 @@ int main(int argc, char** argv) {
       return scenario_local_sgd(arg1, std::stoll(arg2), argv[4], argv[5], std::vector<std::string>(argv + 6, argv + argc));
     if (scenario == "elastic" && argc > 4)
       return scenario_elastic(arg1, arg2, argv[4], argc > 5 ? std::stoi(argv[5]) : 0);
+    if (scenario == "local_sgd_buffers") return scenario_local_sgd_buffers();
     if (scenario == "elastic_local_sgd" && argc > 4)
       return scenario_elastic_local_sgd(arg1, arg2, argv[4], argc > 5 ? std::stoi(argv[5]) : 0);
   } catch (const std::exception& e) {

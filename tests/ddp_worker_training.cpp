@@ -459,4 +459,47 @@ int scenario_elastic_local_sgd(const std::string& phase, const std::string& opti
   return failures == 0 ? 0 : 1;
 }
 
+//   ddp_worker local_sgd_buffers
+// A ResNet in training mode under local SGD with broadcast_buffers off: each rank's running
+// statistics follow its own batches, and the epoch's end must leave every rank with the same
+// ones (consolidate_replicas averages the floating buffers), and the same parameters.
+int scenario_local_sgd_buffers() {
+  init_process_group(backend(), InitOptions{.timeout = std::chrono::seconds(60)});
+  auto model = make_model("resnet");
+  model->train();
+  auto optimizer = make_optimizer("sgd", model->parameters());
+  Generator gen(13);
+  auto dataset = std::make_shared<data::TensorDataset>(randn({24, 1, 12, 12}, TensorOptions(DType::Float64), &gen),
+                                                       randint(0, 10, {24}, DType::Int64, &gen));
+  data::DataLoaderOptions loader;
+  loader.batch_size = 4;
+  loader.shuffle = true;
+  train::DistributedStrategyOptions strategy;
+  strategy.device = device();
+  strategy.ddp.broadcast_buffers = false;
+  strategy.local_sgd_period = 2;
+  train::TrainLoopOptions options;
+  options.strategy = std::make_shared<train::DistributedStrategy>(strategy);
+  options.progress = false;
+  std::ostringstream log;
+  options.log = &log;
+  train::TrainLoop loop(model, std::make_shared<data::DataLoader>(dataset, loader), nullptr, nullptr, optimizer,
+                        [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, options);
+  loop.fit(1);
+  NoGradGuard no_grad;
+  auto check_same = [&](const std::string& what, const Tensor& t) {
+    Tensor high = t.to(DType::Float64).clone(), low = neg(t.to(DType::Float64));
+    default_group().all_reduce(high, ReduceOp::Max)->wait();
+    default_group().all_reduce(low, ReduceOp::Max)->wait();
+    const double spread = amax(add(high, low)).item<double>();  // max - min, element by element
+    if (!(spread <= 1e-12 * std::max(1.0, amax(abs(high)).item<double>())))
+      fail(what + " differs between the ranks by " + std::to_string(spread));
+  };
+  for (const auto& [name, b] : model->named_buffers())
+    if (is_floating(b.dtype())) check_same("buffer " + name, b);
+  for (const auto& [name, p] : model->named_parameters()) check_same("parameter " + name, p);
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace weft::ddp_worker

@@ -106,6 +106,7 @@ int scenario_elastic(const std::string& phase, const std::string& optimizer, con
                      int ranks_before);
 int scenario_elastic_local_sgd(const std::string& phase, const std::string& optimizer, const std::string& checkpoint,
                                int ranks_before);
+int scenario_local_sgd_buffers();
 // tests/ddp_worker_zero.cpp: ZeroRedundancyOptimizer under DDP.
 int scenario_zero(const std::string& model, const std::string& optimizer);
 int scenario_zero_checkpoint(const std::string& model, const std::string& optimizer);

@@ -241,6 +241,8 @@ TEST_CASE("a ddp TrainLoop with local SGD, resumed mid-epoch on another world si
                                         std::to_string(before)}, after, std::chrono::seconds(120)));
     std::filesystem::remove(checkpoint);
   }
+  // BatchNorm's running statistics, each rank's own with broadcast_buffers off, made one too.
+  test::check_all_ok(test::run_ranks({worker, "local_sgd_buffers"}, 2, std::chrono::seconds(120)));
 }
 
 TEST_CASE("SyncBatchNorm::convert keeps names, tensors and modes; without peers it is BatchNorm2d") {
