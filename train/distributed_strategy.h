@@ -19,12 +19,12 @@
 // from the warm-up's end, as PyTorch's PostLocalSGDOptimizer does). Between averages the
 // replicas differ, and so do their optimizers' states (momentum, Adam's moments), which
 // PyTorch never averages. Where the loop needs one model (the epoch's evaluation, rank 0's
-// checkpoint) consolidate_replicas averages them all, parameters, floating buffers (each rank's
-// running statistics since its last forward) and optimizer state, once local steps have been
-// taken: a checkpoint then holds the whole job, and resuming from it, on any
-// number of ranks, goes on as the uninterrupted run does, which consolidates at the same
-// points. So the run depends on checkpoint_every (one more average per checkpoint), not on
-// whether the checkpoints are written. The step count is saved as "strategy.local_sgd_step".
+// checkpoint) consolidate_replicas averages them all, once local steps have been taken:
+// parameters, floating buffers (each rank's running statistics since its last forward) and
+// optimizer state. A checkpoint then holds the whole job, and resuming from it, on any number
+// of ranks, goes on as the uninterrupted run does, which consolidates at the same points. So
+// the run depends on checkpoint_every (one more average per checkpoint), not on whether the
+// checkpoints are written. The step count is saved as "strategy.local_sgd_step".
 #pragma once
 
 #include <map>

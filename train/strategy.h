@@ -80,11 +80,10 @@ class Strategy {
   virtual void barrier() {}
 
   // Makes every process's replica of the model (parameters and floating buffers), and of the
-  // optimizer's state, the same: the
-  // loop calls it at each epoch's end (before evaluating) and before each mid-epoch
-  // checkpoint, so that what is evaluated and what the main process saves is the whole run's
-  // state. A no-op where the replicas never part (ddp with local SGD averages them here: a
-  // collective).
+  // optimizer's state, the same: the loop calls it at each epoch's end (before evaluating)
+  // and before each mid-epoch checkpoint, so that what is evaluated and what the main
+  // process saves is the whole run's state. A no-op where the replicas never part (ddp with
+  // local SGD averages them here: a collective).
   virtual void consolidate_replicas(optim::Optimizer& optimizer) {}
   // What the strategy keeps across a checkpoint (ddp with local SGD: its step count), saved
   // as "strategy.<key>" metadata. check_state_dict throws where load_state_dict would, and
