@@ -2,6 +2,8 @@
 // statistics, printing.
 #include "test_util.h"
 
+#include <cstdlib>
+
 using namespace weft;
 using doctest::Contains;
 
@@ -200,6 +202,31 @@ TEST_CASE("logical CPU devices keep separate accounts") {
   CHECK(after.total_allocations == before1.total_allocations + 1);
   reset_peak_memory_stats(d1);
   CHECK(memory_stats(d1).peak_bytes_in_use == after.bytes_in_use);
+}
+
+TEST_CASE("the host block cache hands a freed large block to the next request of its size") {
+  // Note [Host block cache] in core/allocator.cpp; tools/sanitize runs with WEFT_CPU_ALLOCATOR=direct.
+  const char* mode = std::getenv("WEFT_CPU_ALLOCATOR");
+  const bool caching = mode == nullptr || std::string(mode) != "direct";
+  const Device d("cpu:5");
+  const int64_t mib = int64_t{1} << 20;
+  const AllocatorStats before = memory_stats(d);
+  const void* first = nullptr;
+  {
+    Tensor t = zeros({mib / 4}, TensorOptions(DType::Float32, d));
+    first = t.raw_data();
+  }
+  const AllocatorStats freed = memory_stats(d);
+  CHECK(freed.bytes_in_use == before.bytes_in_use);
+  CHECK(freed.bytes_reserved == before.bytes_reserved + (caching ? mib : 0));
+  Tensor again = zeros({mib / 4}, TensorOptions(DType::Float32, d));
+  if (caching) CHECK(again.raw_data() == first);
+  CHECK(memory_stats(d).bytes_reserved == before.bytes_reserved + mib);  // in use now, cached no more
+  {
+    Tensor small = zeros({1000}, TensorOptions(DType::Float32, d));  // below the cache's 256 KiB
+  }
+  CHECK(memory_stats(d).bytes_reserved == before.bytes_reserved + mib);
+  CHECK(amax(abs(again)).item<double>() == 0.0);  // zeros() fills a reused block as a new one
 }
 
 TEST_CASE("printing") {
