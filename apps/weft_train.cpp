@@ -41,6 +41,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/zero_redundancy_optimizer.h"
 #include "train/data_parallel_strategy.h"
+#include "train/distributed_pipeline_strategy.h"
 #include "train/distributed_strategy.h"
 #include "train/elastic.h"
 #include "train/launch.h"
@@ -207,17 +208,26 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, const std::vec
   return std::make_shared<optim::AdamW>(params, o);
 }
 
-// The devices the mode runs on: --device for single; for ddp this rank's (--device, else
-// cuda:LOCAL_RANK with GPUs, else the CPU); for dp and pipeline, --devices, else every
-// logical CUDA device, else (no GPU) two logical CPU devices.
+// Whether this process is one rank of a job that trains across processes: ddp always; the
+// pipeline when started as ranks (by --nproc, weft-run, torchrun, srun or mpirun), a stage each.
+bool across_processes(train::ParallelMode mode) {
+  return mode == train::ParallelMode::DistributedDataParallel ||
+         (mode == train::ParallelMode::Pipeline && parallel::launched_as_rank());
+}
+
+// The devices the mode runs on: --device for single; across processes (ddp, or the pipeline
+// started as ranks) this rank's (--device, else cuda:LOCAL_RANK with GPUs, else the CPU); for
+// dp and the pipeline in one process, --devices, else every logical CUDA device, else (no GPU)
+// two logical CPU devices.
 std::vector<Device> pick_devices(const Config& c, train::ParallelMode mode) {
   if (mode == train::ParallelMode::Single) {
     WEFT_CHECK(c.devices.empty(), "--devices is for --mode dp or pipeline (use --device for one device)");
     return {Device(c.device.empty() ? (cuda_available() ? "cuda" : "cpu") : c.device)};
   }
-  if (mode == train::ParallelMode::DistributedDataParallel) {
-    WEFT_CHECK(c.devices.empty(), "--mode ddp runs one process per device: choose how many with --nproc (each rank "
-               "takes cuda:LOCAL_RANK, or the CPU), not --devices");
+  if (across_processes(mode)) {
+    WEFT_CHECK(c.devices.empty(), "--mode ", c.mode, mode == train::ParallelMode::Pipeline ? " across processes" : "",
+               " runs one process per device: choose how many with --nproc (each rank takes cuda:LOCAL_RANK, or the "
+               "CPU), not --devices");
     if (!c.device.empty()) return {Device(c.device)};
     if (!cuda_available()) return {kCPU};
     return {Device::cuda(parallel::read_launch_env().local_rank % cuda_device_count())};
@@ -258,6 +268,11 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
       return std::make_shared<train::DistributedStrategy>(options);
     }
     case train::ParallelMode::Pipeline:
+      if (across_processes(mode))
+        return std::make_shared<train::DistributedPipelineStrategy>(train::DistributedPipelineStrategyOptions{
+            .device = devices[0], .backend = "", .micro_batches = c.microbatches, .schedule = c.schedule,
+            .virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1,
+            .balance = {}});
       return std::make_shared<train::PipelineStrategy>(train::PipelineStrategyOptions{
           .devices = devices, .micro_batches = c.microbatches, .schedule = c.schedule,
           .virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1});
@@ -324,6 +339,10 @@ void check_flags(const Config& c) {
              "its shard and broadcasts it, so the replicas never part and there is nothing to average");
   WEFT_CHECK(c.local_sgd == 0 || !c.given.count("comm-hook"), "--local-sgd brings its own communication hook (no "
              "gradient crosses after the warm-up); leave --comm-hook out");
+  WEFT_CHECK(!c.given.count("nproc") || c.mode == "ddp" || c.mode == "pipeline", "--nproc is for --mode ddp or "
+             "pipeline (the processes to start, one per device)");
+  WEFT_CHECK(c.mode != "pipeline" || !c.given.count("nproc") || c.devices.empty(), "--mode pipeline takes --nproc "
+             "(a stage per process) or --devices (a stage per device of one process), not both");
 }
 
 int run(Config c) {
@@ -345,12 +364,13 @@ int run(Config c) {
   if (!c.metrics_json.empty() && main_process) check_writable(c.metrics_json, "--metrics-json");
   manual_seed(c.seed);
   const train::ParallelMode mode = train::parse_parallel_mode(c.mode);
-  // Started as one rank of several (weft-run, torchrun, srun, mpirun): only ddp trains across
-  // processes; the other modes would train the same model side by side.
-  if (parallel::launched_as_rank() && mode != train::ParallelMode::DistributedDataParallel) {
+  // Started as one rank of several (weft-run, torchrun, srun, mpirun): only ddp and the
+  // pipeline train across processes; the other modes would train the same model side by side.
+  if (parallel::launched_as_rank() && !across_processes(mode)) {
     const parallel::LaunchEnv launch = parallel::read_launch_env();
     WEFT_CHECK(launch.world_size == 1, "weft-train was started as ", launch.describe(), "; --mode ",
-               train::parallel_mode_name(mode), " runs in one process (use --mode ddp to train across processes)");
+               train::parallel_mode_name(mode), " runs in one process (use --mode ddp or pipeline to train across "
+               "processes)");
   }
   const std::vector<Device> devices = pick_devices(c, mode);
 
@@ -374,7 +394,9 @@ int run(Config c) {
   auto test_loader = std::make_shared<data::DataLoader>(test_set, test_options);
 
   std::shared_ptr<nn::Module> model = make_model(c.model);
-  model->to(devices[0]);
+  // A pipeline across processes moves only this rank's stages to its device (the rest of its
+  // copy of the model stays in host memory); every other mode starts on devices[0].
+  if (!(mode == train::ParallelMode::Pipeline && across_processes(mode))) model->to(devices[0]);
   train::TrainLoopOptions options;
   options.strategy = make_strategy(c, mode, devices);  // ddp: joins the job's group, which --zero shards over
   auto optimizer = make_optimizer(c, model->parameters());
@@ -417,14 +439,13 @@ int run(Config c) {
                                       (c.local_sgd_warmup > 0 ? " after " + std::to_string(c.local_sgd_warmup) +
                                                                     " of plain DDP)"
                                                               : ")");
-  const std::string where = mode == train::ParallelMode::DistributedDataParallel
-                                ? "ddp over " + std::to_string(ranks) + (ranks == 1 ? " rank (" : " ranks (") +
-                                      device_list(devices) + " each)" + local_sgd
-                                : (devices.size() > 1 ? c.mode + " over " : "") + device_list(devices) +
-                                      (mode == train::ParallelMode::Pipeline
-                                           ? " (" + c.schedule + ", " + std::to_string(c.microbatches) +
-                                                 " micro-batches)"
-                                           : "");
+  const std::string pipeline = mode == train::ParallelMode::Pipeline
+                                   ? " (" + c.schedule + ", " + std::to_string(c.microbatches) + " micro-batches)"
+                                   : "";
+  const std::string where = across_processes(mode)
+                                ? c.mode + " over " + std::to_string(ranks) + (ranks == 1 ? " rank (" : " ranks (") +
+                                      device_list(devices) + " each)" + local_sgd + pipeline
+                                : (devices.size() > 1 ? c.mode + " over " : "") + device_list(devices) + pipeline;
   if (main_process)
     std::cout << "weft-train: " << c.model << " on " << c.data << " (" << train_set->size() << " train, "
             << test_set->size() << " test), " << where << ", " << c.optimizer
@@ -467,7 +488,8 @@ int main(int argc, char** argv) {
       ->check(flags::non_empty("a device such as cpu or cuda:0"));
   app.add_option("--mode", c.mode, "single, dp, ddp or pipeline");
   app.add_option("--nproc", c.nproc,
-                 "--mode ddp started by hand: the ranks to start through weft-run (default: one per GPU, else 2)")
+                 "--mode ddp or pipeline started by hand: the ranks to start through weft-run (ddp's default: one "
+                 "per GPU, else 2; pipeline: a stage per rank, without --nproc a stage per device of --devices)")
       ->check(flags::positive_integer());
   app.add_option("--nnodes", c.nnodes, "--mode ddp across machines: the number of nodes (run on each)")
       ->check(flags::positive_integer());
@@ -535,10 +557,11 @@ int main(int argc, char** argv) {
     // WEFT_DETERMINISTIC=0 trades that for cuDNN's timed algorithm choice.
     use_deterministic_algorithms(deterministic_setting(std::getenv("WEFT_DETERMINISTIC"), true));
     check_flags(c);
-    // --mode ddp started by hand: this program again, as the ranks of a job under weft-run.
-    if (c.mode == "ddp" && !parallel::launched_as_rank()) {
+    // --mode ddp (or pipeline with --nproc) started by hand: this program again, as the ranks
+    // of a job under weft-run.
+    if ((c.mode == "ddp" || (c.mode == "pipeline" && c.nproc > 0)) && !parallel::launched_as_rank()) {
       const int ranks = c.nproc > 0 ? c.nproc : cuda_physical_device_count() > 0 ? cuda_physical_device_count() : 2;
-      std::cout << "weft-train: --mode ddp: starting " << ranks << (ranks == 1 ? " rank" : " ranks")
+      std::cout << "weft-train: --mode " << c.mode << ": starting " << ranks << (ranks == 1 ? " rank" : " ranks")
                 << (c.nnodes > 1 ? " on this node" : "") << " with weft-run" << std::endl;
       train::run_as_ranks(ranks, argc, argv, {c.nnodes, c.node_rank, c.master_addr, c.master_port});
     }

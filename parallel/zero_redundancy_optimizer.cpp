@@ -3,7 +3,6 @@
 #include "parallel/zero_redundancy_optimizer.h"
 
 #include <algorithm>
-#include <charconv>
 #include <numeric>
 #include <sstream>
 
@@ -12,6 +11,7 @@
 #include "core/trace.h"
 #include "parallel/collective_support.h"
 #include "parallel/distributed.h"
+#include "parallel/optimizer_state_gather.h"
 #include "parallel/text_collectives.h"
 
 namespace weft::parallel {
@@ -36,16 +36,6 @@ std::vector<int> partition(const std::vector<Tensor>& params, int ranks) {
   return owner;
 }
 
-// "12.exp_avg" -> {12, "exp_avg"}; a key without a leading index -> nullopt.
-std::optional<std::pair<size_t, std::string>> split_index(const std::string& key) {
-  const size_t dot = key.find('.');
-  if (dot == 0 || dot == std::string::npos || dot > 9) return std::nullopt;
-  size_t index = 0;
-  auto [end, ec] = std::from_chars(key.data(), key.data() + dot, index);
-  if (ec != std::errc() || end != key.data() + dot) return std::nullopt;
-  return std::make_pair(index, key.substr(dot + 1));
-}
-
 // "0 is parameter 5, 1 is parameter 7, ..." (the first eight): how a shard's own indices,
 // which its errors use, map to the wrapper's.
 std::string shard_numbering(const std::vector<size_t>& owned) {
@@ -58,57 +48,6 @@ std::string shard_numbering(const std::vector<size_t>& owned) {
 // The scalars the wrapper keeps itself rather than its shard optimizer.
 bool is_wrapper_scalar(const std::string& key) {
   return key == "lr" || key == "num_params" || key == "initial_lr";
-}
-
-std::string exact(double v) {
-  char buffer[40];
-  auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, v);
-  return std::string(buffer, end);
-}
-
-// One entry of a rank's state, as consolidate_state_dict() describes it to the others:
-//   "tensor <DType as a number> <d0,d1,...> <global key>"   or   "scalar <value> <global key>"
-struct Entry {
-  bool is_tensor = false;
-  DType dtype = DType::Float32;
-  Shape shape;
-  double value = 0;
-  std::string key;
-  int rank = 0;
-};
-
-std::string describe_entry(const std::string& key, const Tensor& t) {
-  std::ostringstream out;
-  out << "tensor " << static_cast<int>(t.dtype()) << " ";
-  if (t.dim() == 0) out << "-";
-  for (int64_t k = 0; k < t.dim(); ++k) out << (k ? "," : "") << t.shape()[k];
-  out << " " << key;
-  return out.str();
-}
-
-Entry parse_entry(const std::string& line, int rank) {
-  std::istringstream in(line);
-  std::string kind, first, second;
-  in >> kind >> first;
-  Entry e;
-  e.rank = rank;
-  if (kind == "tensor") {
-    in >> second;
-    e.is_tensor = true;
-    e.dtype = static_cast<DType>(std::stoi(first));
-    std::vector<int64_t> dims;
-    if (second != "-") {
-      std::istringstream d(second);
-      for (std::string part; std::getline(d, part, ',');) dims.push_back(std::stoll(part));
-    }
-    e.shape = Shape(dims);
-  } else {
-    WEFT_CHECK(kind == "scalar", kWho, ": malformed state description from rank ", rank, ": '", line, "'");
-    std::from_chars(first.data(), first.data() + first.size(), e.value);
-  }
-  in.get();  // the space before the key, which may itself hold spaces
-  std::getline(in, e.key);
-  return e;
 }
 
 }  // namespace
@@ -255,74 +194,39 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   detail::check_rank(to, group_->size(), "to", std::string(kWho) + ".consolidate_state_dict");
   NoGradGuard no_grad;
   TraceSpan span("zero: consolidate state", device_);
-  // 1. This rank's shard of the state, renamed to global indices and described to every rank.
-  // A rank's own problem, and the `to` it was given, travel with the description, so that
-  // every rank stops on them together.
-  optim::OptimizerState mine;
-  std::string description = "to " + std::to_string(to) + "\n";
+  // This rank's shard of the state, renamed to global indices; a shard's own problem travels
+  // with it, so that every rank stops on it together.
+  optim::OptimizerState global;
+  std::string problem;
   if (shard_) {
     shard_->set_lr(lr());
-    mine = shard_->state_dict();
-    for (auto& [key, t] : mine.tensors) {
-      auto split = split_index(key);
+    const optim::OptimizerState mine = shard_->state_dict();
+    for (const auto& [key, t] : mine.tensors) {
+      auto split = split_state_key(key);
       if (!split || split->first >= owned_.size()) {
-        description += "error the " + shard_->name() + " shard's state tensor '" + key + "' does not name one of its " +
-                       std::to_string(owned_.size()) + " parameters\n";
+        if (problem.empty())
+          problem = "the " + shard_->name() + " shard's state tensor '" + key + "' does not name one of its " +
+                    std::to_string(owned_.size()) + " parameters";
         continue;
       }
-      key = std::to_string(owned_[split->first]) + "." + split->second;
-      description += describe_entry(key, t) + "\n";
+      global.tensors.emplace_back(std::to_string(owned_[split->first]) + "." + split->second, t);
     }
     for (const auto& [key, value] : mine.scalars) {
       if (is_wrapper_scalar(key)) continue;
-      auto split = split_index(key);
-      const std::string global =
-          split && split->first < owned_.size() ? std::to_string(owned_[split->first]) + "." + split->second : key;
-      description += "scalar " + exact(value) + " " + global + "\n";
+      auto split = split_state_key(key);
+      global.scalars[split && split->first < owned_.size()
+                         ? std::to_string(owned_[split->first]) + "." + split->second
+                         : key] = value;
     }
   }
-  std::vector<Entry> tensors, scalars;
-  const std::vector<std::string> texts = all_gather_text(*group_, description, device_);
-  for (int r = 0; r < group_->size(); ++r) {
-    std::istringstream in(texts[static_cast<size_t>(r)]);
-    for (std::string line; std::getline(in, line);) {
-      if (line.rfind("to ", 0) == 0) {
-        WEFT_CHECK(line == "to " + std::to_string(to), kWho, ".consolidate_state_dict: rank ", r, " was called with ",
-                   line, ", this rank (", group_->rank(), ") with to ", to, " (every rank must name the same rank)");
-        continue;
-      }
-      WEFT_CHECK(line.rfind("error ", 0) != 0, kWho, ".consolidate_state_dict: on rank ", r, ", ", line.substr(6));
-      Entry e = parse_entry(line, r);
-      (e.is_tensor ? tensors : scalars).push_back(std::move(e));
-    }
-  }
-  // 2. The tensors, in the order of their parameters (a plain optimizer's order), each
-  // sent by its owner to `to` alone and kept there on the CPU. Sends and receives follow
-  // one order on every rank and each is waited for, so the tags 0, 1, ... meet no other
-  // call's messages.
-  std::stable_sort(tensors.begin(), tensors.end(), [](const Entry& a, const Entry& b) {
-    return split_index(a.key)->first < split_index(b.key)->first;
-  });
-  optim::OptimizerState whole;
-  for (size_t k = 0; k < tensors.size(); ++k) {
-    const Entry& e = tensors[k];
-    const int tag = static_cast<int>(k);
-    if (e.rank == group_->rank()) {
-      auto it = std::find_if(mine.tensors.begin(), mine.tensors.end(), [&](const auto& t) { return t.first == e.key; });
-      WEFT_CHECK(it != mine.tensors.end(), kWho, ": lost state tensor '", e.key, "'");
-      if (to == group_->rank()) whole.tensors.emplace_back(e.key, it->second.to(kCPU).clone());
-      else group_->send(it->second.contiguous(), to, tag)->wait();
-    } else if (to == group_->rank()) {
-      Tensor received = empty(e.shape, TensorOptions(e.dtype, device_));
-      group_->recv(received, e.rank, tag)->wait();
-      whole.tensors.emplace_back(e.key, received.to(kCPU));
-    }
-  }
+  // Each tensor sent by its owner to `to` alone, in the order of the parameters (a plain
+  // optimizer's order).
+  optim::OptimizerState whole = gather_optimizer_state(*group_, global, to, device_,
+                                                       std::string(kWho) + ".consolidate_state_dict", problem);
   if (to != group_->rank()) {
     consolidated_.reset();
     return;
   }
-  for (const Entry& e : scalars) whole.scalars[e.key] = e.value;
   whole.scalars["num_params"] = static_cast<double>(params().size());
   consolidated_ = std::move(whole);
   consolidated_at_ = steps_;
@@ -356,7 +260,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const optim::OptimizerState& state
   for (size_t k = 0; k < owned_.size(); ++k) local[owned_[k]] = k;
   optim::OptimizerState shard;
   for (const auto& [key, value] : state.tensors) {
-    auto split = split_index(key);
+    auto split = split_state_key(key);
     WEFT_CHECK(split, where, ": unexpected tensor '", key, "' (state tensors are named '<param index>.<name>')");
     WEFT_CHECK(split->first < params().size(), where, ": tensor '", key, "' names parameter ", split->first,
                " but this optimizer has ", params().size(), " parameters");
@@ -368,7 +272,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const optim::OptimizerState& state
   }
   for (const auto& [key, value] : scalars) {
     if (is_wrapper_scalar(key)) continue;
-    auto split = split_index(key);
+    auto split = split_state_key(key);
     if (!split) {
       shard.scalars[key] = value;  // a hyperparameter: every shard takes it
       continue;

@@ -2,6 +2,9 @@
 //
 //   pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES]   (RANK, WORLD_SIZE, MASTER_* set)
 //   pipeline_worker mismatch      (rank 1 asks for other micro-batches: every rank must fail)
+//   pipeline_worker buffers       (broadcast_stages with BatchNorm's buffers)
+//   pipeline_worker loop first|rest sgd|adam SCHEDULE MICRO_BATCHES VIRTUAL_STAGES CHECKPOINT
+//                                 (a TrainLoop: Note [A pipeline TrainLoop resumed on other ranks])
 //
 // Every rank builds the whole model from the same seed and trains it alone on one device as
 // the reference, and its stages of it as a DistributedPipeline; both see the same batches
@@ -9,22 +12,196 @@
 // the reference's of the same names, and the last stage's rank the loss of every step.
 // Prints "FAIL: ..." lines and exits 1 on a failure. WEFT_TEST_BACKEND=nccl runs on CUDA.
 #include <cstdlib>
+#include <iomanip>
 #include <iostream>
 #include <string>
 
 #include <weft.h>
 
 #include "parallel/pipeline/distributed_pipeline.h"
+#include "train/distributed_pipeline_strategy.h"
+#include "train/train_loop.h"
 #include "pipeline_models.h"
 #include "worker_backend.h"
 
 using namespace weft;
 using namespace weft::parallel;
 
+namespace {
+
+// Note [A pipeline TrainLoop resumed on other ranks]: a TrainLoop over the ranks' stages
+// (train::DistributedPipelineStrategy) trains the MLP on 64 samples in batches of 12 (the last
+// one short) with a validation set and a checkpoint every 2 steps. Phase "first" stops at its
+// first checkpoint; phase "rest" starts from that file, perhaps on another number of ranks
+// and with another schedule, and trains to the end of epoch 2. A TrainLoop on one device in
+// this process, uninterrupted, is the reference: the epochs' losses, the validation, and the
+// whole model and optimizer state that every rank holds at the end must agree with it. The
+// checkpoint must therefore have held every rank's stages and optimizer state.
+int scenario_loop(const std::string& phase, const std::string& optimizer, const std::string& schedule,
+                  int micro_batches, int virtual_stages, const std::string& checkpoint) {
+  const Device device = test::worker_device();
+  Generator gen(5);
+  const TensorOptions f64(DType::Float64);
+  auto train_set = std::make_shared<data::TensorDataset>(randn({64, 8}, f64, &gen),
+                                                         randint(0, 10, {64}, DType::Int64, &gen));
+  auto val_set =
+      std::make_shared<data::TensorDataset>(randn({25, 8}, f64, &gen), randint(0, 10, {25}, DType::Int64, &gen));
+  struct Job {
+    std::shared_ptr<nn::Sequential> model;
+    std::shared_ptr<optim::Optimizer> optimizer;
+    std::unique_ptr<train::TrainLoop> loop;
+  };
+  auto make_job = [&](std::shared_ptr<train::Strategy> strategy, const std::string& path) {
+    Job job;
+    job.model = test::make_mlp(7);
+    if (optimizer == "adam")
+      job.optimizer = std::make_shared<optim::Adam>(job.model->parameters(), optim::AdamOptions{.lr = 0.01});
+    else
+      job.optimizer = std::make_shared<optim::SGD>(job.model->parameters(), optim::SGDOptions{0.05, 0.9});
+    train::TrainLoopOptions options;
+    options.strategy = std::move(strategy);
+    options.checkpoint_path = path;
+    options.checkpoint_every = path.empty() ? 0 : 2;
+    options.progress = false;
+    auto loader = [](std::shared_ptr<data::Dataset> set, bool shuffle) {
+      return std::make_shared<data::DataLoader>(
+          set, data::DataLoaderOptions{.batch_size = 12, .shuffle = shuffle, .seed = 3});
+    };
+    job.loop = std::make_unique<train::TrainLoop>(
+        job.model, loader(train_set, true), loader(val_set, false), nullptr, job.optimizer,
+        [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, options);
+    return job;
+  };
+  Job reference = make_job(std::make_shared<train::SingleDevice>(device), "");
+  const std::vector<train::EpochResult> expected = reference.loop->fit(2);
+
+  init_process_group(test::worker_backend());
+  const int rank = get_rank();
+  Job job = make_job(std::make_shared<train::DistributedPipelineStrategy>(train::DistributedPipelineStrategyOptions{
+                         .device = device, .backend = "", .micro_batches = micro_batches, .schedule = schedule,
+                         .virtual_stages = virtual_stages, .balance = {}}),
+                     checkpoint);
+  struct StopAtCheckpoint : train::Callback {
+    void on_checkpoint(train::TrainLoop& loop) override { loop.request_stop(); }
+  };
+  if (phase == "first") {
+    job.loop->add_callback(std::make_shared<StopAtCheckpoint>());
+    job.loop->fit(2);
+    std::cout << "rank " << rank << ": stopped at " << job.loop->epoch_samples() << " samples" << std::endl;
+    destroy_process_group();
+    return job.loop->epoch_samples() == 24 ? 0 : 1;
+  }
+  job.loop->resume(checkpoint);
+  const std::vector<train::EpochResult> got = job.loop->fit(2);
+  int failures = 0;
+  auto expect_near = [&](double value, double want, const std::string& what) {
+    if (std::abs(value - want) <= 1e-10 * (1 + std::abs(want))) return;
+    std::cout << std::setprecision(17) << "FAIL: rank " << rank << ": " << what << " is " << value << ", expected "
+              << want << std::endl;
+    ++failures;
+  };
+  if (got.size() != 2) std::cout << "FAIL: rank " << rank << ": " << got.size() << " epochs" << std::endl, ++failures;
+  for (size_t e = 0; e < got.size() && e < 2; ++e) {
+    expect_near(got[e].train_loss, expected[e].train_loss, "epoch " + std::to_string(e + 1) + "'s train loss");
+    expect_near(got[e].val->loss, expected[e].val->loss, "epoch " + std::to_string(e + 1) + "'s val loss");
+    expect_near(got[e].val->accuracy, expected[e].val->accuracy, "epoch " + std::to_string(e + 1) + "'s val accuracy");
+  }
+  const auto want = reference.model->state_dict(), have = job.model->state_dict();
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_near(amax(abs(sub(have[i].second.to(device), want[i].second))).item(), 0, "model." + want[i].first);
+  const optim::OptimizerState want_state = reference.optimizer->state_dict(), have_state = job.optimizer->state_dict();
+  if (want_state.tensors.size() != have_state.tensors.size()) {
+    std::cout << "FAIL: rank " << rank << ": " << have_state.tensors.size() << " optimizer state tensors, expected "
+              << want_state.tensors.size() << std::endl;
+    ++failures;
+  }
+  for (const auto& [key, t] : want_state.tensors) {
+    const std::string& name = key;  // Clang 14 cannot capture a structured binding
+    auto it = std::find_if(have_state.tensors.begin(), have_state.tensors.end(),
+                           [&](const auto& e) { return e.first == name; });
+    expect_near(it == have_state.tensors.end() ? 1.0 : amax(abs(sub(it->second.to(device), t))).item(), 0,
+                "optimizer." + key);
+  }
+  for (const auto& [key, value] : want_state.scalars) {
+    auto it = have_state.scalars.find(key);
+    expect_near(it == have_state.scalars.end() ? -1.0 : it->second, value, "optimizer scalar " + key);
+  }
+  std::cout << "rank " << rank << ": the resumed pipeline loop matches one device (" << want.size() << " tensors, "
+            << want_state.tensors.size() << " optimizer state tensors)" << std::endl;
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+// broadcast_stages with buffers: a small ResNet (BatchNorm's float running statistics and int64
+// counts) trains 2 steps as a pipeline; each rank's copy holds fresh statistics for its own
+// stages only, and after broadcast_stages every rank holds the same values of every tensor,
+// with every count at 2 micro-batches' worth per step.
+int scenario_buffers() {
+  init_process_group(test::worker_backend());
+  const int rank = get_rank();
+  const Device device = test::worker_device();
+  Generator weights(11);
+  auto model = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &weights);
+  pipeline::DistributedPipeline pipe(model->as_sequential(), default_group_ptr(),
+                                     {.device = device, .micro_batches = 2});
+  auto criterion = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+  for (int s = 0; s < 2; ++s) {
+    Generator gen(50 + s);
+    Tensor x = randn({6, 1, 12, 12}, DType::Float32, &gen).to(device);
+    pipe.step(x, randint(0, 10, {6}, DType::Int64, &gen).to(device), criterion);
+  }
+  int failures = 0;
+  auto counts = [&] {
+    int64_t low = INT64_MAX;
+    for (const auto& [name, t] : model->state_dict())
+      if (name.find("num_batches_tracked") != std::string::npos) low = std::min(low, t.to(kCPU).item<int64_t>());
+    return low;
+  };
+  if (counts() != 0)  // the stages of the other ranks have not run here
+    std::cout << "FAIL: rank " << rank << ": every stage's statistics were fresh" << std::endl, ++failures;
+  pipe.broadcast_stages();
+  if (counts() != 4)  // 2 steps of 2 micro-batches, on whichever rank
+    std::cout << "FAIL: rank " << rank << ": counts of " << counts() << " after" << std::endl, ++failures;
+  // Every value the same on every rank: the maximum and minimum over the ranks equal this rank's.
+  for (const auto& [name, t] : model->state_dict()) {
+    Tensor mine = t.to(DType::Float64).to(device);
+    Tensor high = mine.clone(), low = neg(mine);
+    default_group().all_reduce(high, ReduceOp::Max)->wait();
+    default_group().all_reduce(low, ReduceOp::Max)->wait();
+    const double spread = std::max(amax(abs(sub(high, mine))).item(), amax(abs(add(low, mine))).item());
+    if (spread != 0)
+      std::cout << "FAIL: rank " << rank << ": " << name << " differs by " << spread << std::endl, ++failures;
+  }
+  std::cout << "rank " << rank << ": " << model->state_dict().size() << " tensors equal on every rank" << std::endl;
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc < 2 || (std::string(argv[1]) != "mismatch" && argc < 3)) {
-    std::cerr << "usage: pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES] | pipeline_worker mismatch\n";
+  const bool alone = argc >= 2 && (std::string(argv[1]) == "mismatch" || std::string(argv[1]) == "buffers");
+  if (argc < 2 || (!alone && argc < 3) ||
+      (std::string(argv[1]) == "loop" && argc != 8)) {
+    std::cerr << "usage: pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES] | pipeline_worker mismatch|buffers | "
+                 "pipeline_worker loop first|rest sgd|adam SCHEDULE MICRO_BATCHES VIRTUAL_STAGES CHECKPOINT\n";
     return 2;
+  }
+  if (std::string(argv[1]) == "buffers") {
+    try {
+      return scenario_buffers();
+    } catch (const std::exception& e) {
+      std::cout << "FAIL: " << e.what() << std::endl;
+      return 1;
+    }
+  }
+  if (std::string(argv[1]) == "loop") {
+    try {
+      return scenario_loop(argv[2], argv[3], argv[4], std::atoi(argv[5]), std::atoi(argv[6]), argv[7]);
+    } catch (const std::exception& e) {
+      std::cout << "FAIL: " << e.what() << std::endl;
+      return 1;
+    }
   }
   if (std::string(argv[1]) == "mismatch") {
     try {
@@ -48,7 +225,8 @@ int main(int argc, char** argv) {
     const Device device = test::worker_device();
     auto reference = test::make_mlp(7);
     reference->to(device);
-    pipeline::DistributedPipeline pipe(test::make_mlp(7), default_group_ptr(),
+    auto whole = test::make_mlp(7);  // this rank's copy of the model, its stages trained by the pipeline
+    pipeline::DistributedPipeline pipe(whole, default_group_ptr(),
                                        {.device = device, .micro_batches = micro_batches, .schedule = schedule,
                                         .virtual_stages = virtual_stages});
     optim::SGD sgd_ref(reference->parameters(), optim::SGDOptions{0.05, 0.9});
@@ -87,6 +265,33 @@ int main(int argc, char** argv) {
         std::cout << "FAIL: rank " << rank << ": parameter " << name << " differs by " << diff << std::endl;
         ++failures;
       }
+    }
+    // Inference: the last stage's rank gets the reference's output, the others nothing.
+    Generator gen(99);
+    Tensor x = randn({9, 8}, TensorOptions(DType::Float64), &gen).to(device);
+    Tensor out = pipe.forward(x);
+    if (pipe.holds_stage(pipe.num_stages() - 1)) {
+      const double diff = amax(abs(sub(out, reference->forward(x)))).item();
+      if (diff > 1e-10)
+        std::cout << "FAIL: rank " << rank << ": forward() differs by " << diff << std::endl, ++failures;
+    } else if (out.defined()) {
+      std::cout << "FAIL: rank " << rank << ": forward() returned an output without the last stage" << std::endl;
+      ++failures;
+    }
+    // broadcast_stages: every rank's copy becomes the whole trained model (it was not before).
+    auto whole_differs = [&] {
+      double most = 0;
+      const auto mine = whole->named_parameters();
+      for (size_t i = 0; i < mine.size(); ++i)
+        most = std::max(most, amax(abs(sub(mine[i].second.to(device), want[i].second))).item());
+      return most;
+    };
+    if (whole_differs() < 1e-3)
+      std::cout << "FAIL: rank " << rank << ": the copy was trained whole" << std::endl, ++failures;
+    pipe.broadcast_stages();
+    if (const double diff = whole_differs(); diff > 1e-10) {
+      std::cout << "FAIL: rank " << rank << ": after broadcast_stages the model differs by " << diff << std::endl;
+      ++failures;
     }
     std::cout << "rank " << rank << ": " << got.size() << " parameters of stages checked after 20 steps ("
               << schedule << ", " << micro_batches << " micro-batches)" << std::endl;

@@ -193,4 +193,18 @@ TEST_CASE("nccl: a pipeline with a stage per CUDA rank equals one device") {
   test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "1f1b", "4"}, nccl_rank_envs(2), std::chrono::seconds(240)));
   test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "interleaved", "4", "2"}, nccl_rank_envs(2),
                                    std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "buffers"}, nccl_rank_envs(2), std::chrono::seconds(240)));
+}
+
+TEST_CASE("nccl: a pipeline TrainLoop resumed on another number of CUDA ranks equals one device") {
+  if (skip_without_nccl()) return;
+  // Note [A pipeline TrainLoop resumed on other ranks] in tests/pipeline_worker.cpp: the loss,
+  // the outputs, the stages and the optimizer state broadcast as CUDA tensors over NCCL.
+  const std::string checkpoint = (std::filesystem::temp_directory_path() /
+                                  ("weft_nccl_pipeline_loop_" + std::to_string(::getpid()) + ".st")).string();
+  test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "loop", "first", "adam", "1f1b", "4", "1", checkpoint},
+                                         nccl_rank_envs(2), std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "loop", "rest", "adam", "gpipe", "2", "1", checkpoint},
+                                         nccl_rank_envs(3), std::chrono::seconds(240)));
+  std::filesystem::remove(checkpoint);
 }

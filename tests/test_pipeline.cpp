@@ -7,6 +7,7 @@
 // started as processes, tests/pipeline_worker.cpp) against one device.
 #include "test_util.h"
 
+#include <filesystem>
 #include <memory>
 
 #include "core/allocator.h"
@@ -336,6 +337,43 @@ TEST_CASE("distributed pipeline: one stage per process (Gloo), each schedule, eq
     test::check_all_ok(outcomes);
     for (const auto& outcome : outcomes)
       CHECK_MESSAGE(outcome.output.find("parameters of stages checked") != std::string::npos, outcome.output);
+  }
+}
+
+TEST_CASE("distributed pipeline: a TrainLoop resumed on another number of ranks equals one device") {
+  if (!parallel::gloo_available()) {
+    MESSAGE("skipped: weft was built without Gloo");
+    return;
+  }
+  // Note [A pipeline TrainLoop resumed on other ranks] (tests/pipeline_worker.cpp).
+  struct Phase {
+    int ranks;
+    std::vector<std::string> args;  // phase, optimizer, schedule, micro-batches, stages per rank
+  };
+  const std::string checkpoint =
+      (std::filesystem::temp_directory_path() / ("weft_pipeline_loop_" + std::to_string(::getpid()) + ".st")).string();
+  for (const auto& [first, rest] :
+       {std::pair{Phase{2, {"first", "sgd", "1f1b", "4", "1"}}, Phase{3, {"rest", "sgd", "gpipe", "2", "1"}}},
+        std::pair{Phase{3, {"first", "adam", "interleaved", "3", "2"}},
+                  Phase{2, {"rest", "adam", "1f1b", "4", "1"}}}}) {
+    for (const Phase& phase : {first, rest}) {
+      std::vector<std::string> argv{WEFT_PIPELINE_WORKER, "loop"};
+      argv.insert(argv.end(), phase.args.begin(), phase.args.end());
+      argv.push_back(checkpoint);
+      CAPTURE(phase.ranks);
+      CAPTURE(phase.args[0]);
+      CAPTURE(phase.args[1]);
+      test::check_all_ok(test::run_ranks(argv, phase.ranks, std::chrono::seconds(120)));
+    }
+  }
+  std::filesystem::remove(checkpoint);
+}
+
+TEST_CASE("distributed pipeline: broadcast_stages carries BatchNorm's statistics and counts to every rank") {
+  if (!parallel::gloo_available()) return;
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    test::check_all_ok(test::run_ranks({WEFT_PIPELINE_WORKER, "buffers"}, ranks, std::chrono::seconds(120)));
   }
 }
 

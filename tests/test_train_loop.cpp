@@ -497,11 +497,12 @@ TEST_CASE("the loop asks its strategy: prepare, shard, step, reduce; only the ma
   CHECK_FALSE(std::filesystem::exists(checkpoint));
 }
 
-// A second "rank" that resumed from another checkpoint: one epoch further.
+// A second "rank" that resumed from another checkpoint: one epoch further (the starting
+// epoch travels in `correct`).
 struct AheadStrategy : CountingStrategy {
   train::Totals reduce(const train::Totals& local) override {
     train::Totals both = local;
-    both.loss = 2 * local.loss + 1, both.correct *= 2, both.samples *= 2, both.batches *= 2;
+    both.loss *= 2, both.correct = 2 * local.correct + 1, both.samples *= 2, both.batches *= 2;
     return both;
   }
 };

@@ -11,7 +11,8 @@
 #      alone from the epoch-1 checkpoint and ends within 0.02 of an uninterrupted run;
 #   6. a second node joining a running 1-worker weft-train job is admitted at its next
 #      checkpoint: world size 2 afterwards;
-#   7. SIGKILL of a whole agent: the other goes on alone.
+#   7. SIGKILL of a whole agent: the other goes on alone;
+#   8. a pipeline job grows as in 6: one worker with every stage, then a stage each.
 # Every wait is bounded; no process of the test may remain (all hold $dir or $tok in
 # their command lines).
 #   weft_run_elastic.sh PATH/TO/weft-run PATH/TO/weft-train
@@ -197,5 +198,26 @@ wait "$b" 2> /dev/null || true
 has_text "$dir/a.log" "round 1: node 0 \(.*\) of 1 "
 [ "$(value "$dir/lost.json" world_size)" = 1 ] || fail "the run did not end with world size 1"
 no_leftovers "a killed agent"
+# 8. The same growth for a pipeline job: in round 0 the one worker holds every stage; at the
+#    checkpoint where the second node is admitted, the two workers of round 1 split the model
+#    into a stage each, from the whole model and optimizer state that rank 0's checkpoint holds.
+job=(--data synthetic --model convnet --epochs 2 --batch-size 50 --seed 3 --no-progress --mode pipeline)
+port=$(free_port)
+trainer a piped 0 --checkpoint-every 20 &
+a=$!
+wait_for "$dir/a.log" "round 0: .* world size 1" 20
+for _ in $(seq 600); do [ -f "$dir/piped.st" ] && break; sleep 0.05; done
+[ -f "$dir/piped.st" ] || fail "no pipeline checkpoint after 20 steps within 30 s"
+trainer b piped 0 --checkpoint-every 20 &
+b=$!
+finish "$a" "the first pipeline node" 120 0
+finish "$b" "the joining pipeline node" 60 0
+has_text "$dir/a.log" "round 1: .* world size 2"
+cat "$dir/a.log" "$dir/b.log" | grep -q "pipeline over 2 ranks" || fail "round 1 did not train a pipeline over 2 ranks"
+[ "$(value "$dir/piped.json" world_size)" = 2 ] || fail "the grown pipeline job did not end with world size 2"
+within "$(value "$dir/piped.json" test_accuracy)" "$straight" 0.02 ||
+  fail "the grown pipeline's accuracy $(value "$dir/piped.json" test_accuracy) is not within 0.02 of $straight"
+no_leftovers "a pipeline growing"
 echo "weft-run elastic: a frozen node let go after ${frozen_ms} ms (heartbeat_timeout 3 s); accuracy after losing" \
-  "a node $(value "$dir/killed.json" test_accuracy), uninterrupted $straight; grown to world size 2; PASS"
+  "a node $(value "$dir/killed.json" test_accuracy), uninterrupted $straight; grown to world size 2 (ddp, and a" \
+  "pipeline at $(value "$dir/piped.json" test_accuracy)); PASS"

@@ -47,6 +47,9 @@ expect_failure "devices must all be CPU devices or all CUDA devices, got cpu:0 a
 expect_failure "device cpu:1 is given twice" --data synthetic --mode dp --devices cpu:1,cpu:1
 expect_failure "--mode dp takes --devices" --data synthetic --mode dp --device cpu:0
 expect_failure "--devices is for --mode dp" --data synthetic --devices cpu:0,cpu:1
+expect_failure "--nproc is for --mode ddp or pipeline" --data synthetic --nproc 2
+expect_failure "--mode pipeline takes --nproc (a stage per process) or --devices" --data synthetic --mode pipeline \
+  --nproc 2 --devices cpu:0,cpu:1
 expect_failure "$dir/nowhere/t.json" --data synthetic --trace "$dir/nowhere/t.json"
 
 # Every numeric flag says in words what it accepts; a file given as --data-dir is named so.
@@ -308,6 +311,22 @@ awk -v a="$conv_accuracy" -v b="$pipe_accuracy" 'BEGIN { d = a - b; if (d < 0) d
   > "$dir/to_pipe.log" 2>&1 && grep -q "resumed from .* after epoch 1" "$dir/to_pipe.log" ||
   { echo "FAIL: pipeline from a single-device checkpoint:"; cat "$dir/to_pipe.log"; exit 1; }
 
+# --mode pipeline --nproc 2: a stage per process, started through weft-run. Within 0.01 of the
+# single-device accuracy too; rank 0's checkpoint holds every stage (and the optimizer state of
+# all of them), so it resumes on one device.
+"$train" "${conv[@]}" --epochs 1 --mode pipeline --nproc 2 --master-port "$(free_port)" --microbatches 4 \
+  --metrics-json "$dir/pipe2.json" --checkpoint "$dir/pipe2.st" > "$dir/pipe2.log" 2>&1 ||
+  { echo "FAIL: --mode pipeline --nproc 2:"; cat "$dir/pipe2.log"; exit 1; }
+grep -q "pipeline over 2 ranks (cpu:0 each) (1f1b, 4 micro-batches)" "$dir/pipe2.log" &&
+  [ "$(value "$dir/pipe2.json" mode)" = pipeline ] && [ "$(value "$dir/pipe2.json" world_size)" = 2 ] ||
+  { echo "FAIL: pipeline --nproc 2 metrics:"; cat "$dir/pipe2.log" "$dir/pipe2.json"; exit 1; }
+pipe2_accuracy=$(value "$dir/pipe2.json" test_accuracy)
+awk -v a="$conv_accuracy" -v b="$pipe2_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' ||
+  { echo "FAIL: pipeline --nproc 2 accuracy $pipe2_accuracy is not within 0.01 of the single-device $conv_accuracy"; exit 1; }
+"$train" "${conv[@]}" --epochs 2 --device cpu --resume "$dir/pipe2.st" > "$dir/from_pipe2.log" 2>&1 &&
+  grep -q "resumed from .* after epoch 1" "$dir/from_pipe2.log" ||
+  { echo "FAIL: single from a pipeline --nproc 2 checkpoint:"; cat "$dir/from_pipe2.log"; exit 1; }
+
 # A rank killed in the middle of an epoch: weft-run stops the other within 30 s and names it.
 "$train" --data synthetic --model mlp --epochs 50 --batch-size 20 --no-progress --mode ddp --nproc 2 \
   --master-port "$(free_port)" \
@@ -332,4 +351,4 @@ grep -q "rank 1 (pid $victim) was killed by signal 9" "$dir/killed.log" ||
   { echo "FAIL: weft-run did not name the killed rank:"; cat "$dir/killed.log"; exit 1; }
 
 echo "weft-train: resume is byte-identical (single, ddp, after SIGKILLs: $mid_epoch_resumes of 7 restarts mid-epoch);" \
-  "metrics and errors as expected; dp accuracy $dp_accuracy, ddp $ddp_accuracy vs single $single_accuracy (${data[*]}); pipeline $pipe_accuracy vs single $conv_accuracy (convnet, synthetic)"
+  "metrics and errors as expected; dp accuracy $dp_accuracy, ddp $ddp_accuracy vs single $single_accuracy (${data[*]}); pipeline $pipe_accuracy (2 devices), $pipe2_accuracy (2 processes) vs single $conv_accuracy (convnet, synthetic)"

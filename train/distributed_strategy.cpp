@@ -11,10 +11,10 @@
 #include "data/sampler.h"
 #include "parallel/comm_hooks.h"
 #include "parallel/distributed.h"
-#include "parallel/launch_env.h"
 #include "parallel/post_localsgd_optimizer.h"
 #include "parallel/sync_batch_norm.h"
 #include "parallel/zero_redundancy_optimizer.h"
+#include "train/launch.h"
 
 namespace weft::train {
 
@@ -27,18 +27,7 @@ DistributedStrategy::DistributedStrategy(DistributedStrategyOptions options) : o
   WEFT_CHECK(options_.local_sgd_period == 0 || options_.comm_hook == "allreduce", "DistributedStrategy: local SGD "
              "brings its own communication hook (post-local SGD), so comm_hook '", options_.comm_hook,
              "' cannot be used with it");
-  if (options_.device) {
-    device_ = *options_.device;
-  } else if (cuda_available()) {
-    const int local = parallel::launched_as_rank() ? parallel::read_launch_env().local_rank : 0;
-    device_ = Device::cuda(local % cuda_device_count());
-  } else {
-    device_ = kCPU;
-  }
-  if (!parallel::is_initialized()) {
-    const std::string backend = !options_.backend.empty() ? options_.backend : device_.is_cuda() ? "nccl" : "gloo";
-    parallel::init_process_group(backend);
-  }
+  device_ = join_job(options_.device, options_.backend);
   group_ = parallel::default_group_ptr();
 }
 

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "parallel/distributed.h"
+#include "parallel/launch_env.h"
 
 namespace weft::train {
 
@@ -65,6 +67,19 @@ void run_as_ranks(int nproc, int argc, char** argv, const NodeOptions& nodes) {
   raw.push_back(nullptr);
   ::execv(raw[0], raw.data());
   WEFT_FAIL("run_as_ranks: cannot execute ", launcher, ": ", std::strerror(errno));
+}
+
+Device join_job(const std::optional<Device>& device, const std::string& backend) {
+  Device mine = kCPU;
+  if (device) {
+    mine = *device;
+  } else if (cuda_available()) {
+    const int local = parallel::launched_as_rank() ? parallel::read_launch_env().local_rank : 0;
+    mine = Device::cuda(local % cuda_device_count());
+  }
+  if (!parallel::is_initialized())
+    parallel::init_process_group(!backend.empty() ? backend : mine.is_cuda() ? "nccl" : "gloo");
+  return mine;
 }
 
 }  // namespace weft::train

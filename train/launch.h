@@ -1,8 +1,9 @@
-// Starting the ranks of a job from the program itself (seed 000's TrainLoop "spawns the
-// processes"): a program that finds it was not started as a rank runs itself again as
-// `nproc` ranks under weft-run, which sets each rank's variables, prefixes their output and
-// stops them all when one fails. In C++ a loop cannot fork the program half-way through, so
-// this is called first thing in main:
+// Starting the ranks of a job from the program itself, and joining it from each rank.
+//
+// Starting them (seed 000's TrainLoop "spawns the processes"): a program that finds it was not
+// started as a rank runs itself again as `nproc` ranks under weft-run, which sets each rank's
+// variables, prefixes their output and stops them all when one fails. In C++ a loop cannot
+// fork the program half-way through, so this is called first thing in main:
 //
 //   int main(int argc, char** argv) {
 //     if (!parallel::launched_as_rank()) train::run_as_ranks(2, argc, argv);  // does not return
@@ -10,7 +11,10 @@
 //   }
 #pragma once
 
+#include <optional>
 #include <string>
+
+#include "core/device.h"
 
 namespace weft::train {
 
@@ -31,5 +35,11 @@ struct NodeOptions {
 
 // Where run_as_ranks would find weft-run ("" when nowhere).
 std::string find_weft_run();
+
+// This rank's device in a job of several (ddp, the pipeline across processes), after joining
+// the job's default group from the launcher's variables (init_process_group with `backend`,
+// else nccl for CUDA devices and gloo for the CPU) unless the program has joined one:
+// `device` when given, else cuda:LOCAL_RANK (modulo the GPUs) with GPUs, else the CPU.
+Device join_job(const std::optional<Device>& device, const std::string& backend);
 
 }  // namespace weft::train

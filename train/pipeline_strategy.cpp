@@ -8,9 +8,7 @@
 
 namespace weft::train {
 
-namespace {
-
-std::shared_ptr<nn::Sequential> as_sequential(const std::shared_ptr<nn::Module>& model) {
+std::shared_ptr<nn::Sequential> pipeline_sequential(const std::shared_ptr<nn::Module>& model) {
   if (auto seq = std::dynamic_pointer_cast<nn::Sequential>(model)) return seq;
   if (auto convnet = std::dynamic_pointer_cast<nn::ConvNet>(model)) return convnet->as_sequential();
   if (auto resnet = std::dynamic_pointer_cast<nn::ResNet>(model)) return resnet->as_sequential();
@@ -18,15 +16,13 @@ std::shared_ptr<nn::Sequential> as_sequential(const std::shared_ptr<nn::Module>&
             "and ResNet convert themselves with as_sequential())");
 }
 
-}  // namespace
-
 PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options) : options_(std::move(options)) {
   WEFT_CHECK(!options_.devices.empty(), "PipelineStrategy: no devices given");
 }
 
 std::shared_ptr<nn::Module> PipelineStrategy::prepare(std::shared_ptr<nn::Module> model) {
   return std::make_shared<parallel::pipeline::Pipeline>(
-      as_sequential(model), parallel::pipeline::PipelineOptions{.devices = options_.devices,
+      pipeline_sequential(model), parallel::pipeline::PipelineOptions{.devices = options_.devices,
                                                                 .balance = {},
                                                                 .micro_batches = options_.micro_batches,
                                                                 .schedule = options_.schedule,

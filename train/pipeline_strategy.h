@@ -20,6 +20,10 @@
 
 namespace weft::train {
 
+// The model as the Sequential a pipeline splits: a Sequential itself, or a ConvNet's or
+// ResNet's as_sequential() (the same layers); another model is an error naming it.
+std::shared_ptr<nn::Sequential> pipeline_sequential(const std::shared_ptr<nn::Module>& model);
+
 struct PipelineStrategyOptions {
   std::vector<Device> devices;  // one stage per device (virtual_stages per device when interleaved)
   int micro_batches = 4;

@@ -13,6 +13,7 @@
 // (train/data_parallel_strategy.h): one process, the batch split across devices.
 // DistributedStrategy (train/distributed_strategy.h): one process per device, DDP.
 // PipelineStrategy (train/pipeline_strategy.h): one process, the model split into stages.
+// DistributedPipelineStrategy (train/distributed_pipeline_strategy.h): a stage per process.
 #pragma once
 
 #include <map>
@@ -73,17 +74,21 @@ class Strategy {
   // Returns the batch's loss on input_device(), not read back.
   virtual Tensor train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,
                             optim::Optimizer& optimizer);
+  // The model's output for a batch being evaluated, on input_device() (the pipeline across
+  // processes: the last stage's, broadcast to every rank).
+  virtual Tensor forward(nn::Module& model, const Tensor& input) { return model.forward(input); }
   // This process's totals combined over every process of the run (ddp: all-reduced).
   virtual Totals reduce(const Totals& local) { return local; }
   // Returns once every process of the run has called it (ddp: the group's barrier): after
   // a checkpoint, so that every rank's Callback::on_checkpoint finds rank 0's file complete.
   virtual void barrier() {}
 
-  // Makes every process's replica of the model (parameters and floating buffers), and of the
-  // optimizer's state, the same: the loop calls it at each epoch's end (before evaluating)
-  // and before each mid-epoch checkpoint, so that what is evaluated and what the main
-  // process saves is the whole run's state. A no-op where the replicas never part (ddp with
-  // local SGD averages them here: a collective).
+  // Makes every process's copy of the model (parameters and floating buffers), and of the
+  // optimizer's state, the whole run's: the loop calls it at each epoch's end (before
+  // evaluating) and before each mid-epoch checkpoint, so that what is evaluated and what the
+  // main process saves is the whole run's state. A no-op where the copies never part (ddp with
+  // local SGD averages its replicas here, the pipeline across processes gathers its stages:
+  // collectives).
   virtual void consolidate_replicas(optim::Optimizer& optimizer) {}
   // What the strategy keeps across a checkpoint (ddp with local SGD: its step count), saved
   // as "strategy.<key>" metadata. check_state_dict throws where load_state_dict would, and

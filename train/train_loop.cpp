@@ -234,14 +234,16 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
 }
 
 // Ranks that start at different points (one resumed from a checkpoint another did not see)
-// would run different numbers of steps and wait for each other in a collective forever.
+// would run different numbers of steps and wait for each other in a collective forever. The
+// point travels in count fields, which every strategy combines on every rank alike (the
+// pipeline across processes takes the loss from the main process alone).
 void TrainLoop::check_same_start() {
   const double epoch = epoch_, samples = static_cast<double>(epoch_samples_);
-  const Totals all = strategy_->reduce({.loss = epoch, .correct = samples, .samples = 1});
-  WEFT_CHECK(all.loss == all.samples * epoch && all.correct == all.samples * samples, "TrainLoop::fit: rank ",
+  const Totals all = strategy_->reduce({.correct = epoch, .samples = samples, .batches = 1});
+  WEFT_CHECK(all.correct == all.batches * epoch && all.samples == all.batches * samples, "TrainLoop::fit: rank ",
              strategy_->rank(), " starts after epoch ", epoch_, " + ", epoch_samples_, " samples, but the ",
-             all.samples, " ranks start on average after epoch ", all.loss / all.samples, " + ",
-             all.correct / all.samples, " samples: every rank must resume from the same checkpoint (is the file on "
+             all.batches, " ranks start on average after epoch ", all.correct / all.batches, " + ",
+             all.samples / all.batches, " samples: every rank must resume from the same checkpoint (is the file on "
              "storage that every rank sees?)");
 }
 
@@ -256,7 +258,7 @@ Evaluation TrainLoop::evaluate(data::DataLoader& loader) {
   Tensor correct = zeros({}, TensorOptions(DType::Int64, device));
   int64_t samples = 0;
   for (const data::Batch& batch : data::DevicePrefetcher(loader, device)) {
-    Tensor out = runner_->forward(batch.data);
+    Tensor out = strategy_->forward(*runner_, batch.data);
     const int64_t n = batch.data.size(0);
     loss_sum = add(loss_sum, mul(criterion_(out, batch.target).to(DType::Float64), static_cast<double>(n)));
     correct = add(correct, sum(eq(argmax(out, 1), batch.target).to(DType::Int64)));

@@ -8,8 +8,10 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "core/trace.h"
 #include "kernels/elementwise.h"
 #include "kernels/shape_ops.h"
+#include "parallel/collective_support.h"
 #include "parallel/connect_peers.h"
 
 namespace weft::parallel::pipeline {
@@ -219,9 +221,58 @@ std::shared_ptr<nn::Module> DistributedPipeline::shallow_copy() const {
   WEFT_FAIL("DistributedPipeline: cannot be cloned or replicated (build one on every rank)");
 }
 
-Tensor DistributedPipeline::forward(const Tensor&) {
-  WEFT_FAIL("DistributedPipeline: this rank holds some stages of the model, not all of it; train with step() (or "
-            "use Pipeline in one process for forward())");
+Tensor DistributedPipeline::forward(const Tensor& input) {
+  NoGradGuard no_grad;
+  const int S = num_stages();
+  GroupTransport transport(*group_, schedule_);
+  Tensor x;
+  try {
+    for (int s = 0; s < S; ++s) {
+      if (!holds_stage(s)) continue;
+      if (s == 0) {
+        WEFT_CHECK(input.defined() && input.dim() >= 1, "rank ", group_->rank(),
+                   " runs the first stage and needs the input batch");
+        x = input.to(options_.device);
+      } else {
+        x = transport.recv({ActionKind::RecvForward, s, 0}, options_.device);
+      }
+      {
+        TraceSpan span("forward", options_.device);
+        span.arg("stage", s);
+        x = stages_[s]->forward(x);
+      }
+      if (s + 1 < S) transport.send({ActionKind::SendForward, s, 0}, x);
+    }
+    transport.finish();
+  } catch (const std::exception& e) {
+    WEFT_FAIL("DistributedPipeline::forward on rank ", group_->rank(), ": ", e.what());
+  }
+  return holds_stage(S - 1) ? x : Tensor();
+}
+
+void DistributedPipeline::broadcast_stages() {
+  NoGradGuard no_grad;
+  TraceSpan span("broadcast stages", options_.device);
+  for (int s = 0; s < num_stages(); ++s) {
+    const int root = schedule_.rank_of(s);
+    // The stage's tensors by dtype (a flat buffer holds one), in state_dict order on every rank.
+    std::map<DType, std::vector<Tensor>> by_dtype;
+    for (const auto& [name, t] : stages_[s]->state_dict()) by_dtype[t.dtype()].push_back(t);
+    for (const auto& [dtype, tensors] : by_dtype) {
+      Tensor flat;
+      if (holds_stage(s)) {
+        std::vector<Tensor> here;
+        for (const Tensor& t : tensors) here.push_back(t.to(options_.device));
+        flat = detail::flatten(here);
+      } else {
+        int64_t n = 0;
+        for (const Tensor& t : tensors) n += t.numel();
+        flat = empty({n}, TensorOptions(dtype, options_.device));
+      }
+      group_->broadcast(flat, root)->wait();
+      if (!holds_stage(s)) detail::unflatten_into(flat, tensors);
+    }
+  }
 }
 
 std::string DistributedPipeline::extra_repr() const {

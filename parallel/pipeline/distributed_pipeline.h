@@ -27,7 +27,13 @@
 //
 // step() returns, on the last stage's rank, the batch's mean loss and the outputs (as
 // Pipeline::step); on the other ranks both are undefined. Gradients are those of the whole
-// batch's mean loss, as in one process.
+// batch's mean loss, as in one process. forward() is inference (torch.distributed.pipelining's
+// step without a target): the whole batch through the stages in turn, without gradients;
+// the output on the last stage's rank, undefined on the others.
+//
+// Each rank trains its stages only; the rest of its copy of the model keeps the values it was
+// built with. broadcast_stages() makes every rank's copy the whole trained model, for a rank
+// that saves or evaluates it alone (the TrainLoop's checkpoints: train/distributed_pipeline_strategy.h).
 #pragma once
 
 #include <memory>
@@ -60,13 +66,18 @@ class DistributedPipeline : public nn::Module {
                       DistributedPipelineOptions options);
 
   StepResult step(const Tensor& input, const Tensor& target, const Criterion& criterion);
-  // Not a whole model: forward() is an error that points at step().
+  // Every rank calls it; `input` is used on the first stage's rank (others may pass anything).
   Tensor forward(const Tensor& input) override;
+  // A collective: each stage's parameters and buffers, broadcast from the rank that holds it
+  // into every other rank's copy (one broadcast per stage and dtype, through this rank's device).
+  void broadcast_stages();
 
   void set_schedule(Schedule schedule);
   const Schedule& schedule() const { return schedule_; }
   int num_stages() const { return schedule_.num_stages; }
   bool holds_stage(int s) const { return schedule_.rank_of(s) == group_->rank(); }
+  // Stage s: its layers, shared with the model given (held by rank schedule().rank_of(s)).
+  const nn::Sequential& stage(int s) const { return *stages_.at(static_cast<size_t>(s)); }
   std::string extra_repr() const override;
 
  protected:

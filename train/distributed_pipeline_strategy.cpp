@@ -1,0 +1,166 @@
+// DistributedPipelineStrategy: a stage per rank, the loss and outputs broadcast from the last
+// stage's, the stages and the optimizer's state gathered for checkpoints.
+#include "train/distributed_pipeline_strategy.h"
+
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/trace.h"
+#include "parallel/distributed.h"
+#include "parallel/optimizer_state_gather.h"
+#include "parallel/post_localsgd_optimizer.h"
+#include "parallel/zero_redundancy_optimizer.h"
+#include "train/launch.h"
+#include "train/pipeline_strategy.h"
+
+namespace weft::train {
+
+namespace {
+
+constexpr const char* kWho = "DistributedPipelineStrategy";
+constexpr int kMaxDims = 6;
+
+// What prepare() returned, which the loop hands back.
+parallel::pipeline::DistributedPipeline& as_pipeline(nn::Module& model) {
+  auto* pipe = dynamic_cast<parallel::pipeline::DistributedPipeline*>(&model);
+  WEFT_CHECK(pipe != nullptr, kWho, ": expected the DistributedPipeline that prepare() made, got a ",
+             model.type_name());
+  return *pipe;
+}
+
+}  // namespace
+
+DistributedPipelineStrategy::DistributedPipelineStrategy(DistributedPipelineStrategyOptions options)
+    : options_(std::move(options)) {
+  device_ = join_job(options_.device, options_.backend);
+  group_ = parallel::default_group_ptr();
+}
+
+std::shared_ptr<nn::Module> DistributedPipelineStrategy::prepare(std::shared_ptr<nn::Module> model) {
+  pipeline_ = std::make_shared<parallel::pipeline::DistributedPipeline>(
+      pipeline_sequential(model), group_,
+      parallel::pipeline::DistributedPipelineOptions{.device = device_,
+                                                     .balance = options_.balance,
+                                                     .micro_batches = options_.micro_batches,
+                                                     .schedule = options_.schedule,
+                                                     .virtual_stages = options_.virtual_stages});
+  for (int s = 0; s < pipeline_->num_stages(); ++s)
+    for (const Tensor& p : pipeline_->stage(s).parameters()) owners_[p.impl()] = pipeline_->schedule().rank_of(s);
+  return pipeline_;
+}
+
+parallel::pipeline::DistributedPipeline& DistributedPipelineStrategy::pipeline() const {
+  WEFT_CHECK(pipeline_ != nullptr, kWho, ": pipeline() before prepare()");
+  return *pipeline_;
+}
+
+int DistributedPipelineStrategy::owner_of(const Tensor& param) const {
+  auto it = owners_.find(param.impl());
+  return it == owners_.end() ? -1 : it->second;
+}
+
+Tensor DistributedPipelineStrategy::train_step(nn::Module& model, const data::Batch& batch,
+                                               const Criterion& criterion, optim::Optimizer& optimizer) {
+  WEFT_CHECK(dynamic_cast<const parallel::ZeroRedundancyOptimizer*>(&optimizer) == nullptr &&
+                 dynamic_cast<const parallel::PostLocalSGDOptimizer*>(&optimizer) == nullptr,
+             kWho, ": the ", optimizer.name(), " works across the ranks of data parallelism; in a pipeline each "
+             "rank steps its own stages, so give the loop the optimizer it wraps");
+  auto& pipe = as_pipeline(model);
+  optimizer.zero_grad();
+  const parallel::pipeline::StepResult result = pipe.step(batch.data, batch.target, criterion);
+  {
+    TraceSpan span("optimizer step", device_);
+    optimizer.step();
+  }
+  // Every rank adds the step's loss to its epoch's sum, as the main process logs it.
+  NoGradGuard no_grad;
+  Tensor loss = result.loss.defined() ? result.loss.detach().to(DType::Float64).contiguous()
+                                      : zeros({}, TensorOptions(DType::Float64, device_));
+  group_->broadcast(loss, pipe.schedule().rank_of(pipe.num_stages() - 1))->wait();
+  return loss;
+}
+
+Tensor DistributedPipelineStrategy::forward(nn::Module& model, const Tensor& input) {
+  return broadcast_from_last_stage(as_pipeline(model).forward(input));
+}
+
+Tensor DistributedPipelineStrategy::broadcast_from_last_stage(const Tensor& t) const {
+  const int root = pipeline_->schedule().rank_of(pipeline_->num_stages() - 1);
+  // [dtype, dims, sizes...]; dims -1: the root has no output to send, and every rank says so.
+  std::vector<int64_t> header(2 + kMaxDims, 0);
+  header[1] = -1;
+  if (rank() == root && t.defined() && t.dim() <= kMaxDims) {
+    header[0] = static_cast<int64_t>(t.dtype());
+    header[1] = t.dim();
+    for (int64_t d = 0; d < t.dim(); ++d) header[2 + d] = t.size(d);
+  }
+  Tensor head = tensor(header, Shape{static_cast<int64_t>(header.size())}).to(device_);
+  group_->broadcast(head, root)->wait();
+  header = head.to(kCPU).to_vector<int64_t>();
+  WEFT_CHECK(header[1] >= 0, kWho, ": the model's output on rank ", root, " (the last stage's) must be a tensor of "
+             "at most ", kMaxDims, " dims", rank() == root ? ", got " + (t.defined() ? t.shape().str() : "none") : "");
+  Shape shape;
+  for (int64_t d = 0; d < header[1]; ++d) shape.push_back(header[2 + d]);
+  Tensor out = rank() == root ? t.contiguous() : empty(shape, TensorOptions(static_cast<DType>(header[0]), device_));
+  group_->broadcast(out, root)->wait();
+  return out;
+}
+
+Totals DistributedPipelineStrategy::reduce(const Totals& local) {
+  // The counts are every rank's alike: the maximum and the minimum must be them. The loss sum
+  // is the main process's, which a resumed epoch starts from the checkpoint's partial sum
+  // (train_loop.h); the other ranks' start from 0.
+  const std::vector<double> counts{local.correct, local.samples, local.batches};
+  std::vector<double> both = counts;
+  for (double v : counts) both.push_back(-v);
+  Tensor extremes = tensor(both).to(device_);
+  group_->all_reduce(extremes, parallel::ReduceOp::Max)->wait();
+  const std::vector<double> e = extremes.to(kCPU).to_vector<double>();
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (e[i] == -e[i + counts.size()]) continue;
+    std::ostringstream out;
+    for (size_t k = 0; k < counts.size(); ++k)
+      out << (k ? ", " : "") << counts[k] << " (from " << -e[k + counts.size()] << " to " << e[k] << ")";
+    WEFT_FAIL(kWho, ": the ranks disagree on counts every rank holds alike (correct, samples, batches): rank ",
+              rank(), " has ", out.str(), " over the ranks. Every rank must run the same batches from the same "
+              "point: the same loaders and seed, resumed from the same checkpoint");
+  }
+  Tensor loss = full({}, local.loss, TensorOptions(DType::Float64, device_));
+  group_->broadcast(loss, 0)->wait();
+  return {loss.item(), local.correct, local.samples, local.batches};
+}
+
+void DistributedPipelineStrategy::barrier() { group_->barrier()->wait(); }
+
+void DistributedPipelineStrategy::consolidate_replicas(optim::Optimizer& optimizer) {
+  TraceSpan span("gather stages", device_);
+  pipeline().broadcast_stages();
+  // This rank's entries of the optimizer's state: those of the parameters it steps, and the
+  // hyperparameters. An optimizer over parameters that are not the model's is a problem every
+  // rank hears of.
+  const optim::OptimizerState state = optimizer.state_dict();
+  const std::vector<Tensor>& params = optimizer.params();
+  std::string problem;
+  for (size_t i = 0; i < params.size() && problem.empty(); ++i)
+    if (owner_of(params[i]) < 0)
+      problem = "parameter " + std::to_string(i) + " of the " + optimizer.name() + " (" +
+                params[i].shape().str() + ") is not one of the pipeline's model's";
+  auto mine = [&](const std::string& key) {
+    auto split = parallel::split_state_key(key);
+    if (split && split->first >= params.size() && problem.empty())
+      problem = "the " + optimizer.name() + "'s state entry '" + key + "' names no parameter (it has " +
+                std::to_string(params.size()) + ")";
+    return !split || (split->first < params.size() && owner_of(params[split->first]) == rank());
+  };
+  optim::OptimizerState own;
+  for (const auto& [key, t] : state.tensors)
+    if (mine(key)) own.tensors.emplace_back(key, t);
+  for (const auto& [key, value] : state.scalars)
+    if (mine(key)) own.scalars[key] = value;
+  const optim::OptimizerState whole = parallel::gather_optimizer_state(
+      *group_, own, std::nullopt, device_, std::string(kWho) + ".consolidate_replicas", problem);
+  optimizer.load_state_dict(whole);
+}
+
+}  // namespace weft::train
