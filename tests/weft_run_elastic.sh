@@ -175,19 +175,24 @@ no_leftovers "a killed worker"
 
 # 6. A node joining a running 1-worker job waits for the next checkpoint (every 20 steps),
 #    where the workers end the round to admit it; the rest of the job runs on 2 workers.
-port=$(free_port)
-trainer a grown 0 --checkpoint-every 20 &
-a=$!
-wait_for "$dir/a.log" "round 0: .* world size 1" 20
-for _ in $(seq 600); do [ -f "$dir/grown.st" ] && break; sleep 0.05; done
-[ -f "$dir/grown.st" ] || fail "no checkpoint after 20 steps within 30 s"
-trainer b grown 0 --checkpoint-every 20 &
-b=$!
-finish "$a" "the first node" 120 0
-finish "$b" "the joining node" 60 0
+# grow JOB: agent a trains JOB alone; agent b starts once its first checkpoint is there, and is
+# admitted at the next one; both must end well, the job on 2 workers.
+grow() {
+  port=$(free_port)
+  trainer a "$1" 0 --checkpoint-every 20 &
+  a=$!
+  wait_for "$dir/a.log" "round 0: .* world size 1" 20
+  for _ in $(seq 600); do [ -f "$dir/$1.st" ] && break; sleep 0.05; done
+  [ -f "$dir/$1.st" ] || fail "no checkpoint of $1 after 20 steps within 30 s"
+  trainer b "$1" 0 --checkpoint-every 20 &
+  b=$!
+  finish "$a" "the first node of $1" 120 0
+  finish "$b" "the joining node of $1" 60 0
+  has_text "$dir/a.log" "round 1: .* world size 2"
+  [ "$(value "$dir/$1.json" world_size)" = 2 ] || fail "the $1 job did not end with world size 2"
+}
+grow grown
 has_text "$dir/a.log" "round 0 ended: admitting 1 waiting node at the checkpoint after epoch"
-has_text "$dir/a.log" "round 1: .* world size 2"
-[ "$(value "$dir/grown.json" world_size)" = 2 ] || fail "the grown job did not end with world size 2"
 no_leftovers "a joining node"
 
 # 7. SIGKILL of a whole agent (its workers die with it): the other goes on alone.
@@ -198,23 +203,13 @@ wait "$b" 2> /dev/null || true
 has_text "$dir/a.log" "round 1: node 0 \(.*\) of 1 "
 [ "$(value "$dir/lost.json" world_size)" = 1 ] || fail "the run did not end with world size 1"
 no_leftovers "a killed agent"
+
 # 8. The same growth for a pipeline job: in round 0 the one worker holds every stage; at the
 #    checkpoint where the second node is admitted, the two workers of round 1 split the model
 #    into a stage each, from the whole model and optimizer state that rank 0's checkpoint holds.
 job=(--data synthetic --model convnet --epochs 2 --batch-size 50 --seed 3 --no-progress --mode pipeline)
-port=$(free_port)
-trainer a piped 0 --checkpoint-every 20 &
-a=$!
-wait_for "$dir/a.log" "round 0: .* world size 1" 20
-for _ in $(seq 600); do [ -f "$dir/piped.st" ] && break; sleep 0.05; done
-[ -f "$dir/piped.st" ] || fail "no pipeline checkpoint after 20 steps within 30 s"
-trainer b piped 0 --checkpoint-every 20 &
-b=$!
-finish "$a" "the first pipeline node" 120 0
-finish "$b" "the joining pipeline node" 60 0
-has_text "$dir/a.log" "round 1: .* world size 2"
+grow piped
 cat "$dir/a.log" "$dir/b.log" | grep -q "pipeline over 2 ranks" || fail "round 1 did not train a pipeline over 2 ranks"
-[ "$(value "$dir/piped.json" world_size)" = 2 ] || fail "the grown pipeline job did not end with world size 2"
 within "$(value "$dir/piped.json" test_accuracy)" "$straight" 0.02 ||
   fail "the grown pipeline's accuracy $(value "$dir/piped.json" test_accuracy) is not within 0.02 of $straight"
 no_leftovers "a pipeline growing"
