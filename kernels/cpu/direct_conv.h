@@ -158,14 +158,11 @@ const auto& blocks() {
 // The weight gradient's block: output channels [o0, o0 + OV * kLanes) of TB taps from
 // t0, summed over every output position and added to packed_grad.
 template <class T, int OV, int TB>
-void weight_grad_block(const DirectConvShape& s, const T* grad_out_t, int64_t width, const T* input,
-                       T* packed_grad, int64_t o0, int64_t t0) {
+void weight_grad_block(const DirectConvShape& s, const int64_t* offsets, const T* grad_out_t, int64_t width,
+                       const T* input, T* packed_grad, int64_t o0, int64_t t0) {
   constexpr int64_t lanes = kLanes<T>;
   int64_t offset[TB];  // where each tap reads, relative to the position's corner
-  for (int t = 0; t < TB; ++t) {
-    const int64_t tap = t0 + t, kj = tap % s.kw, ki = tap / s.kw % s.kh, c = tap / (s.kw * s.kh);
-    offset[t] = (c * s.in_h + ki * s.dh) * s.in_w + kj * s.dw;
-  }
+  for (int t = 0; t < TB; ++t) offset[t] = offsets[t0 + t];
   Vector<T> acc[OV][TB];
   for (int t = 0; t < TB; ++t)
     for (int v = 0; v < OV; ++v) acc[v][t] = load(packed_grad + (t0 + t) * width + o0 + v * lanes);
@@ -186,7 +183,8 @@ void weight_grad_block(const DirectConvShape& s, const T* grad_out_t, int64_t wi
 }
 
 template <class T>
-using WeightGradBlockFn = void (*)(const DirectConvShape&, const T*, int64_t, const T*, T*, int64_t, int64_t);
+using WeightGradBlockFn = void (*)(const DirectConvShape&, const int64_t*, const T*, int64_t, const T*, T*, int64_t,
+                                   int64_t);
 
 template <class T, int OV, size_t... I>
 constexpr std::array<WeightGradBlockFn<T>, sizeof...(I) + 1> make_weight_grad_blocks(std::index_sequence<I...>) {
@@ -239,10 +237,12 @@ void direct_conv_weight_grad(const DirectConvShape& s, const T* grad_out_t, cons
   using namespace direct_conv_detail;
   const int ov = channel_vectors<T>(s.out_channels);
   const int64_t width = packed_width<T>(s.out_channels);
+  std::vector<int64_t> offsets(static_cast<size_t>(s.taps()));
+  tap_offsets(s, offsets.data());
   for (int64_t o0 = 0; o0 < s.out_channels; o0 += ov * kLanes<T>)
     for_each_piece(s.taps(), kMaxAccumulators / ov, [&](int64_t begin, int64_t end) {
       const auto fn = ov == 1 ? weight_grad_blocks<T, 1>()[end - begin] : weight_grad_blocks<T, 2>()[end - begin];
-      fn(s, grad_out_t, width, input, packed_grad, o0, begin);
+      fn(s, offsets.data(), grad_out_t, width, input, packed_grad, o0, begin);
     });
 }
 
