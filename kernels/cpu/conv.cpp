@@ -187,6 +187,22 @@ void col2im(const Geometry& g, const T* col, T* grad_input, T* padded) {
     }
 }
 
+// planes [channels][positions] into out [positions][width] (width >= channels), a run of
+// positions at a time: the rows of `out` that a run writes stay in the L1 cache while every
+// channel fills its column. Column by column over a whole plane, a 28x28 plane's rows (50 KB
+// at 16 channels) left the cache between one channel and the next.
+template <class T>
+void transpose_planes(const T* planes, int64_t channels, int64_t positions, int64_t width, T* out) {
+  constexpr int64_t kRun = 16;
+  for (int64_t i0 = 0; i0 < positions; i0 += kRun) {
+    const int64_t i1 = std::min(positions, i0 + kRun);
+    for (int64_t o = 0; o < channels; ++o) {
+      const T* row = planes + o * positions;
+      for (int64_t i = i0; i < i1; ++i) out[i * width + o] = row[i];
+    }
+  }
+}
+
 // weight [O, C / G, kH, kW] packed for direct_conv, group after group:
 // packed[g][r][o] = weight[g * O / G + o][r] for the taps r = (c, ki, kj).
 template <class T>
@@ -336,10 +352,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& w
         if (grad_weight.defined()) {
           const T* xp = pad_input(g, in + s * g.input_numel(), pad_buffer.data());
           for (int64_t grp = 0; grp < g.groups; ++grp) {
-            for (int64_t o = 0; o < g.group_out; ++o) {
-              const T* row = gys + (grp * g.group_out + o) * g.l;
-              for (int64_t i = 0; i < g.l; ++i) grad_out_t[i * width + o] = row[i];
-            }
+            transpose_planes(gys + grp * g.group_out * g.l, g.group_out, g.l, width, grad_out_t.data());
             cpu::direct_conv_weight_grad(shape, grad_out_t.data(), xp + grp * group_plane, partial + grp * g.k * width);
           }
         }
