@@ -52,11 +52,13 @@ using Buffer = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 constexpr int64_t kParallelMacs = int64_t(1) << 17;
 
 // At most this many grad_weight partials: enough to keep many cores busy, few enough
-// that adding them up stays cheap next to the products. And at most kPartialElements
-// elements in all: each partial is zeroed, written and read back, and a deep layer's are
-// large (the ResNet's 64->64 3x3: 37k elements each; 64 of them moved 28 MB a backward, a
-// fifth of its time on one core).
+// that adding them up stays cheap next to the products. Beyond kMinChunks, at most
+// kPartialElements elements in all: each partial is zeroed, written and read back, and a
+// deep layer's are large (the ResNet's 64->64 3x3: 37k elements each; 64 of them moved 28 MB
+// a backward, a fifth of its time on one core). The chunks are also how the backward's
+// samples are shared between threads (grad_input too), hence the floor.
 constexpr int64_t kMaxChunks = 64;
+constexpr int64_t kMinChunks = 16;
 constexpr int64_t kPartialElements = int64_t(1) << 18;
 
 struct Geometry {
@@ -333,7 +335,7 @@ void backward_typed(const Tensor& grad_out, const Tensor& input, const Tensor& w
   const int64_t group_plane = g.group_channels * g.padded_h() * g.padded_w();
   // grad_input alone has no cross-sample sum: then every sample is its own chunk.
   const int64_t chunks =
-      grad_weight.defined() ? std::min({g.n, kMaxChunks, std::max<int64_t>(1, kPartialElements / packed_numel)}) : g.n;
+      grad_weight.defined() ? std::min({g.n, kMaxChunks, std::max(kMinChunks, kPartialElements / packed_numel)}) : g.n;
   Buffer<T> partials(grad_weight.defined() ? chunks * packed_numel : 0);  // zeroed by their chunk's thread
 
   cpu::parallel_for(0, chunks, g.grain(g.n / chunks), [&](int64_t chunk_begin, int64_t chunk_end) {
