@@ -63,6 +63,7 @@
 #include "parallel/model_averaging.h"
 #include "parallel/monitored_barrier.h"
 #include "parallel/parallel_apply.h"
+#include "parallel/pipeline/balance.h"
 #include "parallel/pipeline/distributed_pipeline.h"
 #include "parallel/pipeline/pipeline.h"
 #include "parallel/pipeline/schedule.h"

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -89,6 +90,24 @@ inline CLI::Validator non_empty(std::string what) {
   return CLI::Validator(
       [what](std::string& text) -> std::string { return text.empty() ? "must name " + what + ", got ''" : ""; },
       "not empty");
+}
+
+// Positive integers separated by commas ("1,3"), or `word` ("time").
+inline CLI::Validator counts_or(std::string word) {
+  return CLI::Validator(
+      [word](std::string& text) -> std::string {
+        if (text == word) return {};
+        size_t begin = 0;
+        while (true) {
+          const size_t end = std::min(text.find(',', begin), text.size());
+          int value = 0;
+          if (!detail::parse_whole(text.substr(begin, end - begin), value) || value < 1)
+            return "must be positive integers separated by commas (e.g. 1,3) or " + word + detail::got(text);
+          if (end == text.size()) return {};
+          begin = end + 1;
+        }
+      },
+      "COUNTS or " + word);
 }
 
 }  // namespace weft::flags

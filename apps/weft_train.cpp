@@ -13,6 +13,7 @@
 // (train/elastic.h).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -61,6 +63,7 @@ struct Config {
   int epochs = 3, workers = 0, nproc = 0, nnodes = 1, node_rank = 0, master_port = 0;
   int microbatches = 4, virtual_stages = 0;  // 0: 2 with the interleaved schedule, else 1
   std::string schedule = "1f1b";
+  std::string balance;  // --balance: layers per stage ("1,3"), "time", or "" (by layer count)
   std::string comm_hook = "allreduce";
   std::string master_addr;
   int64_t batch_size = 100;
@@ -243,12 +246,30 @@ std::vector<Device> pick_devices(const Config& c, train::ParallelMode mode) {
   return {Device("cpu:0"), Device("cpu:1")};
 }
 
+// --balance as the pipelines take it: a list of layers per stage, or (time) a Balancer that
+// times the layers on one micro-batch of the training set's first samples.
+std::vector<size_t> balance_list(const Config& c) {
+  std::vector<size_t> counts;
+  if (c.balance.empty() || c.balance == "time") return counts;
+  std::istringstream in(c.balance);
+  for (std::string count; std::getline(in, count, ',');) counts.push_back(std::stoul(count));
+  return counts;
+}
+
+parallel::pipeline::Balancer balance_by(const Config& c, const data::Dataset& train_set) {
+  if (c.balance != "time") return nullptr;
+  const int64_t micro_batch = std::min((c.batch_size + c.microbatches - 1) / c.microbatches, train_set.size());
+  std::vector<int64_t> first(static_cast<size_t>(micro_batch));
+  std::iota(first.begin(), first.end(), int64_t{0});
+  return parallel::pipeline::by_time(train_set.get_batch(first).data);
+}
+
 // The model is on devices[0] already; each parallel mode adds its strategy here.
 std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelMode mode,
-                                              const std::vector<Device>& devices) {
+                                              const std::vector<Device>& devices, const data::Dataset& train_set) {
   WEFT_CHECK(mode == train::ParallelMode::Pipeline || (c.microbatches == 4 && c.schedule == "1f1b" &&
-                                                       c.virtual_stages == 0),
-             "--microbatches, --schedule and --virtual-stages are for --mode pipeline");
+                                                       c.virtual_stages == 0 && c.balance.empty()),
+             "--microbatches, --schedule, --virtual-stages and --balance are for --mode pipeline");
   WEFT_CHECK(!c.sync_bn || mode == train::ParallelMode::DistributedDataParallel,
              "--sync-bn is for --mode ddp (it synchronises BatchNorm across processes, one device each)");
   WEFT_CHECK(!c.given.count("comm-hook") || mode == train::ParallelMode::DistributedDataParallel,
@@ -272,12 +293,23 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
         return std::make_shared<train::DistributedPipelineStrategy>(train::DistributedPipelineStrategyOptions{
             .device = devices[0], .backend = "", .micro_batches = c.microbatches, .schedule = c.schedule,
             .virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1,
-            .balance = {}});
+            .balance = balance_list(c), .balance_by = balance_by(c, train_set)});
       return std::make_shared<train::PipelineStrategy>(train::PipelineStrategyOptions{
           .devices = devices, .micro_batches = c.microbatches, .schedule = c.schedule,
-          .virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1});
+          .virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1,
+          .balance = balance_list(c), .balance_by = balance_by(c, train_set)});
   }
   WEFT_FAIL("weft-train: no strategy for mode ", train::parallel_mode_name(mode));
+}
+
+// The layers per stage of the pipeline the strategy made, as "1+3".
+std::string stage_layers(train::Strategy& strategy) {
+  auto* across = dynamic_cast<train::DistributedPipelineStrategy*>(&strategy);
+  const std::vector<size_t> balance = across ? across->pipeline().balance()
+                                             : dynamic_cast<train::PipelineStrategy&>(strategy).pipeline().balance();
+  std::string text;
+  for (size_t count : balance) text += (text.empty() ? "" : "+") + std::to_string(count);
+  return text;
 }
 
 // A number as JSON has it: NaN and infinities, which JSON cannot write, as null; so is a
@@ -398,7 +430,8 @@ int run(Config c) {
   // copy of the model stays in host memory); every other mode starts on devices[0].
   if (!(mode == train::ParallelMode::Pipeline && across_processes(mode))) model->to(devices[0]);
   train::TrainLoopOptions options;
-  options.strategy = make_strategy(c, mode, devices);  // ddp: joins the job's group, which --zero shards over
+  // ddp: joins the job's group, which --zero shards over.
+  options.strategy = make_strategy(c, mode, devices, *train_set);
   auto optimizer = make_optimizer(c, model->parameters());
   auto scheduler = make_scheduler(c, *optimizer);
   nn::CrossEntropyLoss criterion;
@@ -440,7 +473,9 @@ int run(Config c) {
                                                                     " of plain DDP)"
                                                               : ")");
   const std::string pipeline = mode == train::ParallelMode::Pipeline
-                                   ? " (" + c.schedule + ", " + std::to_string(c.microbatches) + " micro-batches)"
+                                   ? " (" + c.schedule + ", " + std::to_string(c.microbatches) +
+                                         " micro-batches, layers per stage " + stage_layers(loop.strategy()) +
+                                         (c.balance == "time" ? " by their measured times" : "") + ")"
                                    : "";
   const std::string where = across_processes(mode)
                                 ? c.mode + " over " + std::to_string(ranks) + (ranks == 1 ? " rank (" : " ranks (") +
@@ -520,6 +555,10 @@ int main(int argc, char** argv) {
       ->check(flags::positive_integer());
   app.add_option("--schedule", c.schedule, "--mode pipeline: gpipe, 1f1b (default) or interleaved")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  app.add_option("--balance", c.balance,
+                 "--mode pipeline: layers per stage, e.g. 1,3; or time, to cut where the layers' measured forward "
+                 "and backward times even out (default: as even a layer count as possible)")
+      ->check(flags::counts_or("time"));
   app.add_option("--virtual-stages", c.virtual_stages,
                  "--mode pipeline --schedule interleaved: stages per device (default 2 with interleaved)")
       ->check(flags::positive_integer());

@@ -17,6 +17,8 @@
 namespace weft {
 
 enum class DType : int8_t { Float32, Float64, Int64, Int32, UInt8, Bool, BFloat16, Float16 };
+// How many there are (the enum's values are 0 .. kNumDTypes - 1): keep it after the last.
+constexpr int kNumDTypes = static_cast<int>(DType::Float16) + 1;
 
 std::string_view dtype_name(DType dtype);
 std::ostream& operator<<(std::ostream& out, DType dtype);

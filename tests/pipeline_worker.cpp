@@ -3,6 +3,8 @@
 //   pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES]   (RANK, WORLD_SIZE, MASTER_* set)
 //   pipeline_worker mismatch      (rank 1 asks for other micro-batches: every rank must fail)
 //   pipeline_worker buffers       (broadcast_stages with BatchNorm's buffers)
+//   pipeline_worker balance       (balance_by: rank 0's answer on every rank; by_time alike)
+//   pipeline_worker balance-fails (balance_by throws on rank 0: every rank must fail)
 //   pipeline_worker loop first|rest sgd|adam SCHEDULE MICRO_BATCHES VIRTUAL_STAGES CHECKPOINT
 //                                 (a TrainLoop: Note [A pipeline TrainLoop resumed on other ranks])
 //
@@ -12,13 +14,16 @@
 // the reference's of the same names, and the last stage's rank the loss of every step.
 // Prints "FAIL: ..." lines and exits 1 on a failure. WEFT_TEST_BACKEND=nccl runs on CUDA.
 #include <cstdlib>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <string>
 
 #include <weft.h>
 
+#include "parallel/pipeline/balance.h"
 #include "parallel/pipeline/distributed_pipeline.h"
+#include "parallel/text_collectives.h"
 #include "train/distributed_pipeline_strategy.h"
 #include "train/train_loop.h"
 #include "pipeline_models.h"
@@ -177,33 +182,85 @@ int scenario_buffers() {
   return failures == 0 ? 0 : 1;
 }
 
+// balance_by on every rank, each answering differently: every rank must split as rank 0's
+// answered, and only rank 0 is asked. Then by_time, whose measurements differ from process to
+// process: every rank must still split alike.
+int scenario_balance() {
+  init_process_group(test::worker_backend());
+  const int rank = get_rank(), ranks = get_world_size();
+  const Device device = test::worker_device();
+  int asked = 0, failures = 0;
+  // Rank 0: a layer on each stage but the last; the other ranks: a layer on each but the first.
+  pipeline::Balancer by_rank = [&](const nn::Sequential& model, int stages, Device) {
+    ++asked;
+    std::vector<size_t> balance(static_cast<size_t>(stages), 1);
+    balance[rank == 0 ? stages - 1 : 0] = model.size() - static_cast<size_t>(stages) + 1;
+    return balance;
+  };
+  pipeline::DistributedPipeline pipe(test::make_mlp(7), default_group_ptr(),
+                                     {.device = device, .balance_by = by_rank, .micro_batches = 2});
+  std::vector<size_t> expected(static_cast<size_t>(ranks), 1);
+  expected.back() = 7 - static_cast<size_t>(ranks) + 1;
+  if (pipe.balance() != expected) std::cout << "FAIL: rank " << rank << " split otherwise" << std::endl, ++failures;
+  if (asked != (rank == 0 ? 1 : 0))
+    std::cout << "FAIL: rank " << rank << "'s balance_by was asked " << asked << " times" << std::endl, ++failures;
+  Generator gen(3);
+  pipeline::DistributedPipeline timed(test::make_mlp(7), default_group_ptr(),
+                                      {.device = device,
+                                       .balance_by = pipeline::by_time(randn({4, 8}, DType::Float64, &gen)),
+                                       .micro_batches = 2});
+  std::string split;
+  for (size_t count : timed.balance()) split += (split.empty() ? "" : "+") + std::to_string(count);
+  if (auto difference = first_difference_across_ranks(default_group(), {split}, device))
+    std::cout << "FAIL: by_time split the ranks differently: " << *difference << std::endl, ++failures;
+  std::cout << "rank " << rank << ": split as rank 0 measured (" << split << " by time)" << std::endl;
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool alone = argc >= 2 && (std::string(argv[1]) == "mismatch" || std::string(argv[1]) == "buffers");
-  if (argc < 2 || (!alone && argc < 3) ||
-      (std::string(argv[1]) == "loop" && argc != 8)) {
-    std::cerr << "usage: pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES] | pipeline_worker mismatch|buffers | "
+  const std::string first = argc >= 2 ? argv[1] : "";
+  const bool alone = first == "mismatch" || first == "buffers" || first == "balance" || first == "balance-fails";
+  if (argc < 2 || (!alone && argc < 3) || (first == "loop" && argc != 8)) {
+    std::cerr << "usage: pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES] | "
+                 "pipeline_worker mismatch|buffers|balance|balance-fails | "
                  "pipeline_worker loop first|rest sgd|adam SCHEDULE MICRO_BATCHES VIRTUAL_STAGES CHECKPOINT\n";
     return 2;
   }
-  if (std::string(argv[1]) == "buffers") {
+  // A scenario's exception is a failure, said on stdout as its checks say theirs.
+  auto run = [](const std::function<int()>& scenario) {
     try {
-      return scenario_buffers();
+      return scenario();
     } catch (const std::exception& e) {
       std::cout << "FAIL: " << e.what() << std::endl;
       return 1;
     }
-  }
-  if (std::string(argv[1]) == "loop") {
+  };
+  if (first == "buffers") return run(scenario_buffers);
+  if (first == "balance") return run(scenario_balance);
+  if (first == "balance-fails") {
     try {
-      return scenario_loop(argv[2], argv[3], argv[4], std::atoi(argv[5]), std::atoi(argv[6]), argv[7]);
-    } catch (const std::exception& e) {
-      std::cout << "FAIL: " << e.what() << std::endl;
+      init_process_group(test::worker_backend());
+      pipeline::Balancer fails = [](const nn::Sequential&, int, Device) -> std::vector<size_t> {
+        WEFT_FAIL("no time to measure");
+      };
+      pipeline::DistributedPipeline pipe(test::make_mlp(7), default_group_ptr(),
+                                         {.device = test::worker_device(), .balance_by = fails});
+      std::cout << "FAIL: rank " << get_rank() << " built a pipeline without a balance" << std::endl;
       return 1;
+    } catch (const std::exception& e) {
+      std::cout << "error: " << e.what() << std::endl;
+      destroy_process_group();
+      return 0;
     }
   }
-  if (std::string(argv[1]) == "mismatch") {
+  if (first == "loop") {
+    return run(
+        [&] { return scenario_loop(argv[2], argv[3], argv[4], std::atoi(argv[5]), std::atoi(argv[6]), argv[7]); });
+  }
+  if (first == "mismatch") {
     try {
       init_process_group(test::worker_backend());
       pipeline::DistributedPipeline pipe(test::make_mlp(7), default_group_ptr(),

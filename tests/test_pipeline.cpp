@@ -21,6 +21,7 @@
 #include "parallel/pipeline/pipeline.h"
 #include "parallel/process_group_gloo.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/tensor_header.h"
 #include "pipeline_models.h"
 #include "spawn_ranks.h"
 
@@ -315,6 +316,28 @@ TEST_CASE("pipeline: the trace has a span per action on each stage's device") {
   const std::string json = trace::json();
   for (const char* name : {"\"0F0\"", "\"0F1\"", "\"0B0\"", "\"0SEND_F1\"", "\"1RECV_F0\"", "\"1B1\"", "\"1SEND_B1\""})
     CHECK_MESSAGE(json.find(name) != std::string::npos, name);
+}
+
+TEST_CASE("tensor headers: dtype and shape travel, no tensor says so, and a bad header is named") {
+  for (const Tensor& t : {zeros({2, 3, 4}, DType::Float32), zeros({}, DType::Int64), zeros({0, 5}, DType::Float16)}) {
+    CAPTURE(t.shape());
+    const std::optional<Tensor> back = empty_from_header(tensor_header(t, kCPU), kCPU, "test");
+    REQUIRE(back.has_value());
+    CHECK(back->shape() == t.shape());
+    CHECK(back->dtype() == t.dtype());
+  }
+  CHECK(!empty_from_header(tensor_header(Tensor(), kCPU), kCPU, "test").has_value());
+  CHECK(!empty_from_header(tensor_header(zeros({1, 1, 1, 1, 1, 1, 1}), kCPU), kCPU, "test").has_value());  // 7 dims
+  Tensor bad = tensor_header(zeros({2, 3}), kCPU);
+  bad.data_ptr<int64_t>()[1] = 9;
+  CHECK_THROWS_WITH(empty_from_header(bad, kCPU, "rank 1's 0SEND_F2"),
+                    Contains("rank 1's 0SEND_F2 got a bad header (9 dims)"));
+  bad = tensor_header(zeros({2, 3}), kCPU);
+  bad.data_ptr<int64_t>()[3] = -4;
+  CHECK_THROWS_WITH(empty_from_header(bad, kCPU, "x"), Contains("x got a bad header (size -4 in dim 1)"));
+  bad = tensor_header(zeros({2, 3}), kCPU);
+  bad.data_ptr<int64_t>()[0] = kNumDTypes;
+  CHECK_THROWS_WITH(empty_from_header(bad, kCPU, "x"), Contains("x got a bad header (dtype 8)"));
 }
 
 TEST_CASE("distributed pipeline: one stage per process (Gloo), each schedule, equals one device") {

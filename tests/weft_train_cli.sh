@@ -38,7 +38,14 @@ expect_failure "not a safetensors file" --data synthetic --model mlp --resume "$
 expect_failure "training diverged: the loss is nan in epoch 1" --data synthetic --model mlp --lr 100 --epochs 1 \
   --no-progress --checkpoint "$dir/diverged.st"
 [ ! -e "$dir/diverged.st" ] || { echo "FAIL: a diverged run wrote a checkpoint"; exit 1; }
-expect_failure "--microbatches, --schedule and --virtual-stages are for --mode pipeline" --data synthetic --schedule gpipe
+expect_failure "--microbatches, --schedule, --virtual-stages and --balance are for --mode pipeline" --data synthetic \
+  --schedule gpipe
+expect_failure "--microbatches, --schedule, --virtual-stages and --balance are for --mode pipeline" --data synthetic \
+  --balance time
+expect_failure "--balance: must be positive integers separated by commas (e.g. 1,3) or time, got '0,4'" \
+  --data synthetic --mode pipeline --balance 0,4
+expect_failure "balance puts 3 layers in stages; the Sequential has 4" --data synthetic --mode pipeline \
+  --devices cpu:0,cpu:1 --balance 1,2
 expect_failure "a MLP cannot be split into stages" --data synthetic --model mlp --mode pipeline
 # Two ranks whatever the machine (without --devices, a machine with one GPU has one rank).
 expect_failure "must be a multiple of the ranks" --data synthetic --mode pipeline --devices cpu:0,cpu:1 \
@@ -291,15 +298,17 @@ grep -qF "$resumed_line" "$dir/elastic.log" && grep -q "epoch $next/$next: train
 [ "$(meta "$dir/elastic.st" epoch)" = $next ] && [ "$(meta "$dir/elastic.st" epoch_samples)" = 0 ] ||
   { echo "FAIL: the elastic restart's checkpoint is not at the end of epoch $next"; exit 1; }
 
-# --mode pipeline: the ConvNet in two stages, four micro-batches a batch under 1F1B, reaches
-# the single-device accuracy (the same gradients up to rounding); its checkpoints resume on
-# one device and the other way round; its trace has a span per schedule action.
+# --mode pipeline: the ConvNet in two stages (--balance 1,3: layer1 | layer2, flatten, fc),
+# four micro-batches a batch under 1F1B, reaches the single-device accuracy (the same gradients
+# up to rounding); its checkpoints resume on one device and the other way round; its trace has
+# a span per schedule action.
 conv=(--data synthetic --model convnet --batch-size 100 --seed 1 --no-progress)
 "$train" "${conv[@]}" --epochs 1 --device cpu --metrics-json "$dir/conv_single.json" --checkpoint "$dir/conv_single.st" > /dev/null
 "$train" "${conv[@]}" --epochs 1 --mode pipeline --devices cpu:0,cpu:1 --microbatches 4 --schedule 1f1b \
-  --metrics-json "$dir/pipe.json" --checkpoint "$dir/pipe.st" --trace "$dir/pipe.trace.json" > "$dir/pipe.log" 2>&1 ||
-  { echo "FAIL: --mode pipeline:"; cat "$dir/pipe.log"; exit 1; }
-[ "$(value "$dir/pipe.json" mode)" = pipeline ] && [ "$(value "$dir/pipe.json" world_size)" = 2 ] ||
+  --balance 1,3 --metrics-json "$dir/pipe.json" --checkpoint "$dir/pipe.st" --trace "$dir/pipe.trace.json" \
+  > "$dir/pipe.log" 2>&1 || { echo "FAIL: --mode pipeline:"; cat "$dir/pipe.log"; exit 1; }
+grep -q "pipeline over cpu:0,cpu:1 (1f1b, 4 micro-batches, layers per stage 1+3)" "$dir/pipe.log" &&
+  [ "$(value "$dir/pipe.json" mode)" = pipeline ] && [ "$(value "$dir/pipe.json" world_size)" = 2 ] ||
   { echo "FAIL: pipeline metrics:"; cat "$dir/pipe.json"; exit 1; }
 grep -q '"name":"1B3"' "$dir/pipe.trace.json" || { echo "FAIL: the pipeline trace has no 1B3 spans"; exit 1; }
 conv_accuracy=$(value "$dir/conv_single.json" test_accuracy) pipe_accuracy=$(value "$dir/pipe.json" test_accuracy)
@@ -311,13 +320,15 @@ awk -v a="$conv_accuracy" -v b="$pipe_accuracy" 'BEGIN { d = a - b; if (d < 0) d
   > "$dir/to_pipe.log" 2>&1 && grep -q "resumed from .* after epoch 1" "$dir/to_pipe.log" ||
   { echo "FAIL: pipeline from a single-device checkpoint:"; cat "$dir/to_pipe.log"; exit 1; }
 
-# --mode pipeline --nproc 2: a stage per process, started through weft-run. Within 0.01 of the
-# single-device accuracy too; rank 0's checkpoint holds every stage (and the optimizer state of
-# all of them), so it resumes on one device.
+# --mode pipeline --nproc 2: a stage per process, started through weft-run, split where rank 0
+# measured the layers' times to even out (--balance time: which cut that is depends on the
+# machine). Within 0.01 of the single-device accuracy too; rank 0's checkpoint holds every
+# stage (and the optimizer state of all of them), so it resumes on one device.
 "$train" "${conv[@]}" --epochs 1 --mode pipeline --nproc 2 --master-port "$(free_port)" --microbatches 4 \
-  --metrics-json "$dir/pipe2.json" --checkpoint "$dir/pipe2.st" > "$dir/pipe2.log" 2>&1 ||
+  --balance time --metrics-json "$dir/pipe2.json" --checkpoint "$dir/pipe2.st" > "$dir/pipe2.log" 2>&1 ||
   { echo "FAIL: --mode pipeline --nproc 2:"; cat "$dir/pipe2.log"; exit 1; }
-grep -q "pipeline over 2 ranks (cpu:0 each) (1f1b, 4 micro-batches)" "$dir/pipe2.log" &&
+timed="layers per stage (1\+3|2\+2|3\+1) by their measured times"
+grep -Eq "pipeline over 2 ranks \(cpu:0 each\) \(1f1b, 4 micro-batches, $timed\)" "$dir/pipe2.log" &&
   [ "$(value "$dir/pipe2.json" mode)" = pipeline ] && [ "$(value "$dir/pipe2.json" world_size)" = 2 ] ||
   { echo "FAIL: pipeline --nproc 2 metrics:"; cat "$dir/pipe2.log" "$dir/pipe2.json"; exit 1; }
 pipe2_accuracy=$(value "$dir/pipe2.json" test_accuracy)

@@ -2,6 +2,7 @@
 // stage's, the stages and the optimizer's state gathered for checkpoints.
 #include "train/distributed_pipeline_strategy.h"
 
+#include <optional>
 #include <sstream>
 
 #include "core/autograd.h"
@@ -9,6 +10,7 @@
 #include "core/trace.h"
 #include "parallel/distributed.h"
 #include "parallel/optimizer_state_gather.h"
+#include "parallel/pipeline/tensor_header.h"
 #include "parallel/post_localsgd_optimizer.h"
 #include "parallel/zero_redundancy_optimizer.h"
 #include "train/launch.h"
@@ -19,7 +21,6 @@ namespace weft::train {
 namespace {
 
 constexpr const char* kWho = "DistributedPipelineStrategy";
-constexpr int kMaxDims = 6;
 
 // What prepare() returned, which the loop hands back.
 parallel::pipeline::DistributedPipeline& as_pipeline(nn::Module& model) {
@@ -42,6 +43,7 @@ std::shared_ptr<nn::Module> DistributedPipelineStrategy::prepare(std::shared_ptr
       pipeline_sequential(model), group_,
       parallel::pipeline::DistributedPipelineOptions{.device = device_,
                                                      .balance = options_.balance,
+                                                     .balance_by = options_.balance_by,
                                                      .micro_batches = options_.micro_batches,
                                                      .schedule = options_.schedule,
                                                      .virtual_stages = options_.virtual_stages});
@@ -87,24 +89,18 @@ Tensor DistributedPipelineStrategy::forward(nn::Module& model, const Tensor& inp
 
 Tensor DistributedPipelineStrategy::broadcast_from_last_stage(const Tensor& t) const {
   const int root = pipeline_->schedule().rank_of(pipeline_->num_stages() - 1);
-  // [dtype, dims, sizes...]; dims -1: the root has no output to send, and every rank says so.
-  std::vector<int64_t> header(2 + kMaxDims, 0);
-  header[1] = -1;
-  if (rank() == root && t.defined() && t.dim() <= kMaxDims) {
-    header[0] = static_cast<int64_t>(t.dtype());
-    header[1] = t.dim();
-    for (int64_t d = 0; d < t.dim(); ++d) header[2 + d] = t.size(d);
-  }
-  Tensor head = tensor(header, Shape{static_cast<int64_t>(header.size())}).to(device_);
+  // The root's header says -1 dims when it has no output to send, and every rank says so.
+  const bool sendable = t.defined() && t.dim() <= parallel::pipeline::kMaxHeaderDims;
+  Tensor head = parallel::pipeline::tensor_header(rank() == root ? t : Tensor(), device_);
   group_->broadcast(head, root)->wait();
-  header = head.to(kCPU).to_vector<int64_t>();
-  WEFT_CHECK(header[1] >= 0, kWho, ": the model's output on rank ", root, " (the last stage's) must be a tensor of "
-             "at most ", kMaxDims, " dims", rank() == root ? ", got " + (t.defined() ? t.shape().str() : "none") : "");
-  Shape shape;
-  for (int64_t d = 0; d < header[1]; ++d) shape.push_back(header[2 + d]);
-  Tensor out = rank() == root ? t.contiguous() : empty(shape, TensorOptions(static_cast<DType>(header[0]), device_));
-  group_->broadcast(out, root)->wait();
-  return out;
+  const std::string who = std::string(kWho) + ": the last stage's output from rank " + std::to_string(root);
+  std::optional<Tensor> out = rank() == root ? (sendable ? std::optional<Tensor>(t.contiguous()) : std::nullopt)
+                                             : parallel::pipeline::empty_from_header(head, device_, who);
+  WEFT_CHECK(out.has_value(), kWho, ": the model's output on rank ", root, " (the last stage's) must be a tensor of at "
+             "most ", parallel::pipeline::kMaxHeaderDims, " dims",
+             rank() == root ? ", got " + (t.defined() ? t.shape().str() : "none") : "");
+  group_->broadcast(*out, root)->wait();
+  return *out;
 }
 
 Totals DistributedPipelineStrategy::reduce(const Totals& local) {

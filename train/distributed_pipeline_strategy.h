@@ -48,6 +48,7 @@ struct DistributedPipelineStrategyOptions {
   std::string schedule = "1f1b";
   int virtual_stages = 1;        // stages per rank (the interleaved schedule)
   std::vector<size_t> balance;   // layers per stage; empty: as even as possible
+  parallel::pipeline::Balancer balance_by;  // instead of balance: measured on rank 0, sent to the others
 };
 
 class DistributedPipelineStrategy final : public Strategy {

@@ -21,13 +21,19 @@ PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options) : options_(s
 }
 
 std::shared_ptr<nn::Module> PipelineStrategy::prepare(std::shared_ptr<nn::Module> model) {
-  return std::make_shared<parallel::pipeline::Pipeline>(
+  return pipeline_ = std::make_shared<parallel::pipeline::Pipeline>(
       pipeline_sequential(model), parallel::pipeline::PipelineOptions{.devices = options_.devices,
-                                                                .balance = {},
+                                                                .balance = options_.balance,
+                                                                .balance_by = options_.balance_by,
                                                                 .micro_batches = options_.micro_batches,
                                                                 .schedule = options_.schedule,
                                                                 .virtual_stages = options_.virtual_stages,
                                                                 .output_device = options_.devices[0]});
+}
+
+parallel::pipeline::Pipeline& PipelineStrategy::pipeline() const {
+  WEFT_CHECK(pipeline_ != nullptr, "PipelineStrategy: pipeline() before prepare()");
+  return *pipeline_;
 }
 
 Tensor PipelineStrategy::train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,

@@ -29,6 +29,8 @@ struct PipelineStrategyOptions {
   int micro_batches = 4;
   std::string schedule = "1f1b";
   int virtual_stages = 1;
+  std::vector<size_t> balance;                   // layers per stage; empty: as even as possible
+  parallel::pipeline::Balancer balance_by;       // instead of balance: measured on the first device
 };
 
 class PipelineStrategy final : public Strategy {
@@ -43,9 +45,11 @@ class PipelineStrategy final : public Strategy {
                     optim::Optimizer& optimizer) override;
 
   const PipelineStrategyOptions& options() const { return options_; }
+  parallel::pipeline::Pipeline& pipeline() const;  // what prepare() made
 
  private:
   PipelineStrategyOptions options_;
+  std::shared_ptr<parallel::pipeline::Pipeline> pipeline_;
 };
 
 }  // namespace weft::train

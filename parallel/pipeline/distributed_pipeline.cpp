@@ -3,6 +3,8 @@
 #include "parallel/pipeline/distributed_pipeline.h"
 
 #include <algorithm>
+#include <exception>
+#include <optional>
 #include <map>
 #include <sstream>
 
@@ -13,12 +15,11 @@
 #include "kernels/shape_ops.h"
 #include "parallel/collective_support.h"
 #include "parallel/connect_peers.h"
+#include "parallel/pipeline/tensor_header.h"
 
 namespace weft::parallel::pipeline {
 
 namespace {
-
-constexpr int kMaxDims = 6;
 
 // The stage that receives what `a` (a SEND or RECV action) carries, and the one that sends it.
 int receiving_stage(const Action& a) {
@@ -61,13 +62,9 @@ class GroupTransport final : public Transport {
       local_[id] = data;
       return;
     }
-    WEFT_CHECK(data.dim() <= kMaxDims, "pipeline: ", send.str(), " sends a ", data.dim(),
-               "-d tensor; stages may pass at most ", kMaxDims, "-d tensors between ranks");
-    std::vector<int64_t> header(2 + kMaxDims, 0);
-    header[0] = static_cast<int64_t>(data.dtype());
-    header[1] = data.dim();
-    for (int64_t d = 0; d < data.dim(); ++d) header[2 + d] = data.size(d);
-    Tensor head = tensor_of(header, data.device());
+    WEFT_CHECK(data.dim() <= kMaxHeaderDims, "pipeline: ", send.str(), " sends a ", data.dim(),
+               "-d tensor; stages may pass at most ", kMaxHeaderDims, "-d tensors between ranks");
+    Tensor head = tensor_header(data, data.device());
     sends_.push_back(group_.send(head, dst, tag(id, 0)));
     sends_.push_back(group_.send(data, dst, tag(id, 1)));
     keep_.push_back(head), keep_.push_back(data);
@@ -81,16 +78,13 @@ class GroupTransport final : public Transport {
       WEFT_CHECK(!node.empty(), "pipeline: ", recv.str(), " found nothing its rank sent itself");
       return node.mapped();
     }
-    Tensor head = zeros({2 + kMaxDims}, TensorOptions(DType::Int64, device));
+    Tensor head = zeros({kHeaderLength}, TensorOptions(DType::Int64, device));
     group_.recv(head, src, tag(id, 0))->wait();
-    const std::vector<int64_t> header = head.to(kCPU).to_vector<int64_t>();
-    WEFT_CHECK(header[1] >= 0 && header[1] <= kMaxDims, "pipeline: ", recv.str(), " got a bad header from rank ",
-               src, " (", header[1], " dims)");
-    Shape shape;
-    for (int64_t d = 0; d < header[1]; ++d) shape.push_back(header[2 + d]);
-    Tensor data = empty(shape, TensorOptions(static_cast<DType>(header[0]), device));
-    group_.recv(data, src, tag(id, 1))->wait();
-    return data;
+    const std::string who = "pipeline: " + recv.str() + " from rank " + std::to_string(src);
+    std::optional<Tensor> data = empty_from_header(head, device, who);
+    WEFT_CHECK(data.has_value(), who, " got a header without a tensor");
+    group_.recv(*data, src, tag(id, 1))->wait();
+    return *data;
   }
 
   // Every send is done (their tensors may be freed).
@@ -101,9 +95,6 @@ class GroupTransport final : public Transport {
   }
 
  private:
-  static Tensor tensor_of(const std::vector<int64_t>& values, Device device) {
-    return tensor(values, Shape{static_cast<int64_t>(values.size())}).to(device);
-  }
   // Gloo's tags are below 2^30 for users: two per message.
   int tag(int64_t id, int part) const {
     const int64_t t = id * 2 + part;
@@ -147,12 +138,16 @@ DistributedPipeline::DistributedPipeline(std::shared_ptr<nn::Sequential> model, 
                                          DistributedPipelineOptions options)
     : Module("DistributedPipeline"), group_(std::move(group)), options_(std::move(options)) {
   WEFT_CHECK(model != nullptr && group_ != nullptr, "DistributedPipeline: the model and the group must be given");
+  // The options are checked once every rank has them: a rank whose differ fails every rank.
+  check_ranks_agree(model->size());
   WEFT_CHECK(options_.virtual_stages >= 1, "DistributedPipeline: virtual_stages must be at least 1, got ",
              options_.virtual_stages);
-  const int ranks = group_->size();
-  check_ranks_agree(model->size());
-  stages_ = split_stages(*model, ranks * options_.virtual_stages, options_.balance);
-  set_schedule(make_schedule(options_.schedule, ranks, options_.micro_batches, options_.virtual_stages));
+  WEFT_CHECK(options_.balance.empty() || !options_.balance_by,
+             "DistributedPipeline: give balance or balance_by, not both");
+  const int stages = group_->size() * options_.virtual_stages;
+  stages_ = split_stages(*model, stages, options_.balance_by ? measured_balance(*model, stages) : options_.balance);
+  options_.balance_by = nullptr;  // and with it what it holds (by_time's sample)
+  set_schedule(make_schedule(options_.schedule, group_->size(), options_.micro_batches, options_.virtual_stages));
   for (int s = 0; s < num_stages(); ++s) {
     if (!holds_stage(s)) continue;
     stages_[s]->to(options_.device);
@@ -162,13 +157,14 @@ DistributedPipeline::DistributedPipeline(std::shared_ptr<nn::Sequential> model, 
 
 void DistributedPipeline::check_ranks_agree(size_t layers) const {
   // What every rank must share, as numbers: layers, micro-batches, stages per rank, the
-  // schedule (by its built-in index) and the balance (up to 8 stages' worth).
+  // schedule (by its built-in index), whether balance_by is given, and the balance (up to 8
+  // stages' worth).
   const char* names[] = {"gpipe", "1f1b", "interleaved"};
   int64_t schedule = -1;
   for (int i = 0; i < 3; ++i)
     if (options_.schedule == names[i]) schedule = i;
   std::vector<int64_t> mine{static_cast<int64_t>(layers), options_.micro_batches, options_.virtual_stages, schedule,
-                            static_cast<int64_t>(options_.balance.size())};
+                            options_.balance_by ? 1 : 0, static_cast<int64_t>(options_.balance.size())};
   for (size_t k = 0; k < 8; ++k)
     mine.push_back(k < options_.balance.size() ? static_cast<int64_t>(options_.balance[k]) : -1);
   const TensorOptions on_device(DType::Int64, options_.device);
@@ -176,14 +172,40 @@ void DistributedPipeline::check_ranks_agree(size_t layers) const {
   std::vector<Tensor> all;
   for (int r = 0; r < group_->size(); ++r) all.push_back(zeros({static_cast<int64_t>(mine.size())}, on_device));
   group_->all_gather(all, local)->wait();
-  static const char* fields[] = {"layers", "micro_batches", "virtual_stages", "schedule", "balance entries"};
+  static const char* fields[] = {"layers",      "micro_batches", "virtual_stages", "schedule", "balance_by given",
+                                 "balance entries"};
+  constexpr size_t kFields = sizeof(fields) / sizeof(fields[0]);
   for (int r = 0; r < group_->size(); ++r) {
     const std::vector<int64_t> theirs = all[r].to(kCPU).to_vector<int64_t>();
     for (size_t i = 0; i < mine.size(); ++i)
       WEFT_CHECK(theirs[i] == mine[i], "DistributedPipeline: ranks disagree: rank ", group_->rank(), " has ",
-                 i < 5 ? fields[i] : "balance[" + std::to_string(i - 5) + "]", " = ", mine[i], ", rank ", r, " has ",
-                 theirs[i], " (every rank must build the same model and pipeline options)");
+                 i < kFields ? fields[i] : "balance[" + std::to_string(i - kFields) + "]", " = ", mine[i], ", rank ",
+                 r, " has ", theirs[i], " (every rank must build the same model and pipeline options)");
   }
+}
+
+std::vector<size_t> DistributedPipeline::measured_balance(const nn::Sequential& model, int stages) const {
+  // [1, layers per stage...] from rank 0; [0, ...] when its measurement failed.
+  std::vector<int64_t> message(static_cast<size_t>(stages) + 1, 0);
+  std::exception_ptr failure;
+  if (group_->rank() == 0) {
+    try {
+      const std::vector<size_t> balance = options_.balance_by(model, stages, options_.device);
+      WEFT_CHECK(balance.size() == static_cast<size_t>(stages), "DistributedPipeline: balance_by gave ",
+                 balance.size(), " entries for ", stages, " stages");
+      message[0] = 1;
+      std::copy(balance.begin(), balance.end(), message.begin() + 1);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  Tensor sent = tensor(message, Shape{static_cast<int64_t>(message.size())}).to(options_.device);
+  group_->broadcast(sent, 0)->wait();
+  if (failure) std::rethrow_exception(failure);
+  message = sent.to(kCPU).to_vector<int64_t>();
+  WEFT_CHECK(message[0] == 1, "DistributedPipeline: balance_by failed on rank 0, which measures the balance (its "
+             "error says why)");
+  return std::vector<size_t>(message.begin() + 1, message.end());
 }
 
 void DistributedPipeline::set_schedule(Schedule schedule) {
@@ -281,7 +303,9 @@ std::string DistributedPipeline::extra_repr() const {
   bool first = true;
   for (int s = 0; s < num_stages(); ++s)
     if (holds_stage(s)) out << (first ? "" : ", ") << s, first = false;
-  out << "] of " << num_stages() << ", device=" << options_.device << ", schedule=" << schedule_.name
+  out << "] of " << num_stages() << ", balance=[";
+  for (int s = 0; s < num_stages(); ++s) out << (s ? ", " : "") << stages_[s]->size();
+  out << "], device=" << options_.device << ", schedule=" << schedule_.name
       << ", micro_batches=" << schedule_.num_micro_batches;
   return out.str();
 }

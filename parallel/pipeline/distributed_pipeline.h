@@ -14,7 +14,8 @@
 // error names the first field and the ranks that differ). Stage s lives on rank s % R of the
 // group's R ranks (one stage per rank, or virtual_stages
 // per rank with the interleaved schedule), split from the Sequential as Pipeline splits it
-// (balance, or even by layer count). Each rank keeps its stages' layers, moved to its device,
+// (balance; or balance_by, which rank 0 alone measures and sends to the others, since measured
+// times differ between processes; or even by layer count). Each rank keeps its stages' layers, moved to its device,
 // as its children under the Sequential's names (its state_dict holds its own layers), and
 // runs its list of the schedule's actions; activations and gradients travel with the group's
 // send and recv (each preceded by a small header with the dtype and shape, so the receiver
@@ -52,6 +53,7 @@ namespace weft::parallel::pipeline {
 struct DistributedPipelineOptions {
   Device device = kCPU;             // this rank's (a CUDA device with the nccl backend)
   std::vector<size_t> balance;      // layers per stage; empty: as even as possible
+  Balancer balance_by;              // instead of balance: measured on rank 0 (balance.h)
   int micro_batches = 1;
   std::string schedule = "1f1b";    // gpipe, 1f1b or interleaved
   int virtual_stages = 1;           // stages per rank (interleaved)
@@ -78,6 +80,7 @@ class DistributedPipeline : public nn::Module {
   bool holds_stage(int s) const { return schedule_.rank_of(s) == group_->rank(); }
   // Stage s: its layers, shared with the model given (held by rank schedule().rank_of(s)).
   const nn::Sequential& stage(int s) const { return *stages_.at(static_cast<size_t>(s)); }
+  std::vector<size_t> balance() const { return layer_counts(stages_); }  // layers per stage
   std::string extra_repr() const override;
 
  protected:
@@ -87,6 +90,9 @@ class DistributedPipeline : public nn::Module {
   // All-gathers the model's layer count and the options; a rank that differs is an error
   // naming the field and both ranks (on every rank), instead of a wait for messages that never come.
   void check_ranks_agree(size_t layers) const;
+  // balance_by's result on rank 0, on every rank (a collective). When it fails on rank 0,
+  // every rank fails.
+  std::vector<size_t> measured_balance(const nn::Sequential& model, int stages) const;
   // parallel::connect_peers for the pairs of ranks the schedule sends between.
   void connect_peers(const Schedule& schedule) const;
 

@@ -59,14 +59,24 @@ std::vector<std::shared_ptr<nn::Sequential>> split_stages(const nn::Sequential& 
   return out;
 }
 
+std::vector<size_t> layer_counts(const std::vector<std::shared_ptr<nn::Sequential>>& stages) {
+  std::vector<size_t> counts;
+  for (const auto& stage : stages) counts.push_back(stage->size());
+  return counts;
+}
+
 Pipeline::Pipeline(std::shared_ptr<nn::Sequential> model, PipelineOptions options)
     : Module("Pipeline"), model_(std::move(model)), options_(std::move(options)) {
   WEFT_CHECK(model_ != nullptr, "Pipeline: the model is null");
   check_devices(options_.devices);
   WEFT_CHECK(options_.virtual_stages >= 1, "Pipeline: virtual_stages must be at least 1, got ",
              options_.virtual_stages);
-  const int ranks = static_cast<int>(options_.devices.size());
-  stages_ = split_stages(*model_, ranks * options_.virtual_stages, options_.balance);
+  const int ranks = static_cast<int>(options_.devices.size()), stages = ranks * options_.virtual_stages;
+  WEFT_CHECK(options_.balance.empty() || !options_.balance_by, "Pipeline: give balance or balance_by, not both");
+  const std::vector<size_t> balance =
+      options_.balance_by ? options_.balance_by(*model_, stages, options_.devices[0]) : options_.balance;
+  stages_ = split_stages(*model_, stages, balance);
+  options_.balance_by = nullptr;  // and with it what it holds (by_time's sample)
   for (int s = 0; s < num_stages(); ++s) stages_[s]->to(stage_device(s));
   // The Sequential's children are this module's, under the same names.
   for (const auto& [name, child] : model_->named_children()) register_module(name, child);
@@ -99,6 +109,8 @@ std::string Pipeline::extra_repr() const {
   std::ostringstream out;
   out << "stages=" << num_stages() << ", devices=[";
   for (size_t i = 0; i < options_.devices.size(); ++i) out << (i ? ", " : "") << options_.devices[i];
+  out << "], balance=[";
+  for (int s = 0; s < num_stages(); ++s) out << (s ? ", " : "") << stages_[s]->size();
   out << "], schedule=" << schedule_.name << ", micro_batches=" << schedule_.num_micro_batches;
   return out.str();
 }

@@ -10,7 +10,9 @@
 //   sgd.step();
 //
 // Stages: the Sequential's layers in order, `balance[k]` of them on stage k (torchgpipe's
-// balance), or spread as evenly as the layer count allows when balance is empty. Stage s
+// balance), or as `balance_by` measures them (balance.h: by_time(sample) evens out the
+// layers' forward and backward times), or spread as evenly as the layer count allows when
+// neither is given. Stage s
 // lives on devices[s % devices.size()]: one stage per device, or `virtual_stages` per
 // device for the interleaved schedule. The layers are the Sequential's own (moved to their
 // stage's device), so the Pipeline's state_dict() has the Sequential's names: checkpoints
@@ -54,6 +56,7 @@
 #include "core/tensor.h"
 #include "nn/module.h"
 #include "nn/sequential.h"
+#include "parallel/pipeline/balance.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/stage_runner.h"
 
@@ -62,6 +65,7 @@ namespace weft::parallel::pipeline {
 struct PipelineOptions {
   std::vector<Device> devices;      // one per rank; distinct, of one type
   std::vector<size_t> balance;      // layers per stage; empty: as even as possible
+  Balancer balance_by;              // instead of balance: measured on the first device
   int micro_batches = 1;
   std::string schedule = "gpipe";   // gpipe, 1f1b or interleaved
   int virtual_stages = 1;           // stages per device (interleaved)
@@ -83,6 +87,9 @@ struct StepResult {
 std::vector<std::shared_ptr<nn::Sequential>> split_stages(const nn::Sequential& model, int stages,
                                                           const std::vector<size_t>& balance = {});
 
+// The layers per stage of a split.
+std::vector<size_t> layer_counts(const std::vector<std::shared_ptr<nn::Sequential>>& stages);
+
 class Pipeline : public nn::Module {
  public:
   Pipeline(std::shared_ptr<nn::Sequential> model, PipelineOptions options);
@@ -95,6 +102,7 @@ class Pipeline : public nn::Module {
   const Schedule& schedule() const { return schedule_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }
   nn::Sequential& stage(int s) const { return *stages_.at(s); }
+  std::vector<size_t> balance() const { return layer_counts(stages_); }  // layers per stage
   Device stage_device(int s) const { return options_.devices[s % options_.devices.size()]; }
   Device output_device() const { return options_.output_device.value_or(stage_device(num_stages() - 1)); }
   const std::shared_ptr<nn::Sequential>& sequential() const { return model_; }
