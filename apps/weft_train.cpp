@@ -64,6 +64,7 @@ struct Config {
   int microbatches = 4, virtual_stages = 0;  // 0: 2 with the interleaved schedule, else 1
   std::string schedule = "1f1b";
   std::string balance;  // --balance: layers per stage ("1,3"), "time", or "" (by layer count)
+  std::string activation_checkpointing = "never";
   std::string comm_hook = "allreduce";
   std::string master_addr;
   int64_t batch_size = 100;
@@ -268,8 +269,10 @@ parallel::pipeline::Balancer balance_by(const Config& c, const data::Dataset& tr
 std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelMode mode,
                                               const std::vector<Device>& devices, const data::Dataset& train_set) {
   WEFT_CHECK(mode == train::ParallelMode::Pipeline || (c.microbatches == 4 && c.schedule == "1f1b" &&
-                                                       c.virtual_stages == 0 && c.balance.empty()),
-             "--microbatches, --schedule, --virtual-stages and --balance are for --mode pipeline");
+                                                       c.virtual_stages == 0 && c.balance.empty() &&
+                                                       c.activation_checkpointing == "never"),
+             "--microbatches, --schedule, --virtual-stages, --balance and --activation-checkpointing are for --mode "
+             "pipeline");
   WEFT_CHECK(!c.sync_bn || mode == train::ParallelMode::DistributedDataParallel,
              "--sync-bn is for --mode ddp (it synchronises BatchNorm across processes, one device each)");
   WEFT_CHECK(!c.given.count("comm-hook") || mode == train::ParallelMode::DistributedDataParallel,
@@ -293,11 +296,13 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
         return std::make_shared<train::DistributedPipelineStrategy>(train::DistributedPipelineStrategyOptions{
             .device = devices[0], .backend = "", .micro_batches = c.microbatches, .schedule = c.schedule,
             .virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1,
-            .balance = balance_list(c), .balance_by = balance_by(c, train_set)});
+            .balance = balance_list(c), .balance_by = balance_by(c, train_set),
+            .activation_checkpointing = c.activation_checkpointing});
       return std::make_shared<train::PipelineStrategy>(train::PipelineStrategyOptions{
           .devices = devices, .micro_batches = c.microbatches, .schedule = c.schedule,
           .virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1,
-          .balance = balance_list(c), .balance_by = balance_by(c, train_set)});
+          .balance = balance_list(c), .balance_by = balance_by(c, train_set),
+          .activation_checkpointing = c.activation_checkpointing});
   }
   WEFT_FAIL("weft-train: no strategy for mode ", train::parallel_mode_name(mode));
 }
@@ -475,7 +480,11 @@ int run(Config c) {
   const std::string pipeline = mode == train::ParallelMode::Pipeline
                                    ? " (" + c.schedule + ", " + std::to_string(c.microbatches) +
                                          " micro-batches, layers per stage " + stage_layers(loop.strategy()) +
-                                         (c.balance == "time" ? " by their measured times" : "") + ")"
+                                         (c.balance == "time" ? " by their measured times" : "") +
+                                         (c.activation_checkpointing == "never"
+                                              ? ""
+                                              : ", activation checkpointing " + c.activation_checkpointing) +
+                                         ")"
                                    : "";
   const std::string where = across_processes(mode)
                                 ? c.mode + " over " + std::to_string(ranks) + (ranks == 1 ? " rank (" : " ranks (") +
@@ -559,6 +568,10 @@ int main(int argc, char** argv) {
                  "--mode pipeline: layers per stage, e.g. 1,3; or time, to cut where the layers' measured forward "
                  "and backward times even out (default: as even a layer count as possible)")
       ->check(flags::counts_or("time"));
+  app.add_option("--activation-checkpointing", c.activation_checkpointing,
+                 "--mode pipeline: which micro-batches keep only their inputs and run their forward again in the "
+                 "backward, for memory: never (default), except_last or always")
+      ->check(CLI::IsMember({"never", "except_last", "always"}));
   app.add_option("--virtual-stages", c.virtual_stages,
                  "--mode pipeline --schedule interleaved: stages per device (default 2 with interleaved)")
       ->check(flags::positive_integer());

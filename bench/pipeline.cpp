@@ -1,7 +1,8 @@
 // pipeline: what the schedules cost, beside their theory.
 //
 //   build/bench/pipeline [--device-type cpu|cuda] [--stages 2,4] [--micro-batches 1,2,4,8,16]
-//                        [--micro-batch-size N] [--width N] [--steps N] [--json FILE]
+//                        [--micro-batch-size N] [--width N] [--steps N]
+//                        [--activation-checkpointing never|except_last|always] [--json FILE]
 //
 // A balanced model (eight blocks of Linear(width, width) + ReLU, float32; every stage the same
 // work) split over p devices (cpu:i, or cuda:i: virtual GPUs with WEFT_VIRTUAL_DEVICES), trained
@@ -13,7 +14,9 @@
 // (p-1)/(v m+p-1) interleaved), and stage 0's peak memory above what it held before the step
 // (its activations and the messages it receives). The check: the step's loss equals the whole
 // model's on one device, on the same batch and weights. Target: the measured bubble within 5
-// percentage points of the theory where every stage has a core (or a GPU) of its own.
+// percentage points of the theory where every stage has a core (or a GPU) of its own. With
+// --activation-checkpointing, the same with recomputed micro-batches: the time and memory
+// that recomputation trades (the forward that runs again counts as backward in the bubble).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -85,7 +88,7 @@ Tensor loss_of(const Tensor& out, const Tensor& y) { return cross_entropy(out, y
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string type = "cpu", json_path, stages_text = "2,4", micro_text = "1,2,4,8,16";
+  std::string type = "cpu", json_path, stages_text = "2,4", micro_text = "1,2,4,8,16", recompute = "never";
   int64_t micro_batch_size = 16, width = 512;
   int steps = 5;
   for (int i = 1; i < argc; ++i) {
@@ -103,16 +106,23 @@ int main(int argc, char** argv) {
     else if (a == "--micro-batch-size") micro_batch_size = std::stoll(next());
     else if (a == "--width") width = std::stoll(next());
     else if (a == "--steps") steps = std::stoi(next());
+    else if (a == "--activation-checkpointing") recompute = next();
     else if (a == "--json") json_path = next();
     else if (a == "--help" || a == "-h") {
       std::cout << "usage: pipeline [--device-type cpu|cuda] [--stages 2,4] [--micro-batches 1,2,4,8,16] "
-                   "[--micro-batch-size N] [--width N] [--steps N] [--json FILE]\n";
+                   "[--micro-batch-size N] [--width N] [--steps N] [--activation-checkpointing "
+                   "never|except_last|always] [--json FILE]\n";
       return 0;
     } else {
       std::cerr << "pipeline: unknown argument " << a << " (expected --device-type, --stages, --micro-batches, "
-                << "--micro-batch-size, --width, --steps, --json)\n";
+                << "--micro-batch-size, --width, --steps, --activation-checkpointing, --json)\n";
       return 2;
     }
+  }
+  if (recompute != "never" && recompute != "except_last" && recompute != "always") {
+    std::cerr << "pipeline: --activation-checkpointing must be never, except_last or always, got '" << recompute
+              << "'\n";
+    return 2;
   }
   if (type == "cuda" && !cuda_available()) {
     std::cerr << "pipeline: --device-type cuda, but " << cuda_unavailable_reason() << "\n";
@@ -122,7 +132,8 @@ int main(int argc, char** argv) {
   bench::JsonWriter json;
   bool all_ok = true;
   std::cout << "# pipeline: " << kBlocks << " blocks of Linear(" << width << ", " << width
-            << ") + ReLU, micro-batches of " << micro_batch_size << ", on " << type << " devices; " << num_threads()
+            << ") + ReLU, micro-batches of " << micro_batch_size << ", on " << type
+            << " devices, activation checkpointing " << recompute << "; " << num_threads()
             << " CPU threads; median of " << steps << " steps\n"
             << "# stages  m  schedule      step (ms)  bubble  theory  stage-0 peak (KiB)  check (loss rel diff)\n";
   for (int p : parse_list(stages_text)) {
@@ -139,7 +150,8 @@ int main(int argc, char** argv) {
         if (schedule == "interleaved" && m % p != 0) continue;
         auto model = balanced_model(width);
         auto reference = std::dynamic_pointer_cast<nn::Sequential>(model->clone());
-        Pipeline pipe(model, {.devices = devices, .micro_batches = m, .schedule = schedule, .virtual_stages = v});
+        Pipeline pipe(model, {.devices = devices, .micro_batches = m, .schedule = schedule, .virtual_stages = v,
+                              .activation_checkpointing = recompute});
         Generator data(11);
         const int64_t batch = micro_batch_size * m;
         Tensor x = randn({batch, width}, TensorOptions(DType::Float32, devices[0]), &data);
@@ -184,6 +196,7 @@ int main(int argc, char** argv) {
     }
   }
   json.add("device_type", type);
+  json.add("activation_checkpointing", recompute);
   json.add("threads", static_cast<double>(num_threads()));
   if (!json_path.empty() && !json.write(json_path)) {
     std::cerr << "pipeline: cannot write " << json_path << "\n";

@@ -23,4 +23,27 @@ inline std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed, int64_t width = 1
   return seq;
 }
 
+// Stage 0 of a pipeline with balance {5, 1, 1, 1} (or {5, ...}) is wide (Linear(8, 512), ReLU,
+// Linear(512, 512), ReLU, Linear(512, 4)) and hands on a narrow output, so that its
+// activations dominate what it sends: the memory tests measure them.
+inline std::shared_ptr<nn::Sequential> make_wide_then_narrow(Generator* gen) {
+  const TensorOptions f64(DType::Float64);
+  return std::make_shared<nn::Sequential>(
+      std::make_shared<nn::Linear>(8, 512, true, f64, gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(512, 512, true, f64, gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(512, 4, true, f64, gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(4, 4, true, f64, gen), std::make_shared<nn::Linear>(4, 10, true, f64, gen));
+}
+
+// The peak memory of `device` during a second step of `pipe`, above what it held before that
+// step (the first one makes the gradients).
+template <class Pipe, class Criterion>
+int64_t step_peak_above(Pipe& pipe, const Tensor& x, const Tensor& y, const Criterion& criterion, Device device) {
+  pipe.step(x, y, criterion);
+  const int64_t base = memory_stats(device).bytes_in_use;
+  reset_peak_memory_stats(device);
+  pipe.step(x, y, criterion);
+  return memory_stats(device).peak_bytes_in_use - base;
+}
+
 }  // namespace weft::test

@@ -1,6 +1,7 @@
 // One rank of the multi-process pipeline tests (tests/test_pipeline.cpp starts several):
 //
-//   pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES]   (RANK, WORLD_SIZE, MASTER_* set)
+//   pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES [ACTIVATION_CHECKPOINTING]]
+//                                 (RANK, WORLD_SIZE, MASTER_* set)
 //   pipeline_worker mismatch      (rank 1 asks for other micro-batches: every rank must fail)
 //   pipeline_worker buffers       (broadcast_stages with BatchNorm's buffers)
 //   pipeline_worker balance       (balance_by: rank 0's answer on every rank; by_time alike)
@@ -224,7 +225,7 @@ int main(int argc, char** argv) {
   const std::string first = argc >= 2 ? argv[1] : "";
   const bool alone = first == "mismatch" || first == "buffers" || first == "balance" || first == "balance-fails";
   if (argc < 2 || (!alone && argc < 3) || (first == "loop" && argc != 8)) {
-    std::cerr << "usage: pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES] | "
+    std::cerr << "usage: pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES [ACTIVATION_CHECKPOINTING]] | "
                  "pipeline_worker mismatch|buffers|balance|balance-fails | "
                  "pipeline_worker loop first|rest sgd|adam SCHEDULE MICRO_BATCHES VIRTUAL_STAGES CHECKPOINT\n";
     return 2;
@@ -275,6 +276,7 @@ int main(int argc, char** argv) {
   }
   const std::string schedule = argv[1];
   const int micro_batches = std::atoi(argv[2]), virtual_stages = argc > 3 ? std::atoi(argv[3]) : 1;
+  const std::string activation_checkpointing = argc > 4 ? argv[4] : "never";
   int failures = 0;
   try {
     init_process_group(test::worker_backend());
@@ -285,7 +287,8 @@ int main(int argc, char** argv) {
     auto whole = test::make_mlp(7);  // this rank's copy of the model, its stages trained by the pipeline
     pipeline::DistributedPipeline pipe(whole, default_group_ptr(),
                                        {.device = device, .micro_batches = micro_batches, .schedule = schedule,
-                                        .virtual_stages = virtual_stages});
+                                        .virtual_stages = virtual_stages,
+                                        .activation_checkpointing = activation_checkpointing});
     optim::SGD sgd_ref(reference->parameters(), optim::SGDOptions{0.05, 0.9});
     optim::SGD sgd_pipe(pipe.parameters(), optim::SGDOptions{0.05, 0.9});
     auto criterion = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
@@ -351,7 +354,8 @@ int main(int argc, char** argv) {
       ++failures;
     }
     std::cout << "rank " << rank << ": " << got.size() << " parameters of stages checked after 20 steps ("
-              << schedule << ", " << micro_batches << " micro-batches)" << std::endl;
+              << schedule << ", " << micro_batches << " micro-batches, activation checkpointing "
+              << activation_checkpointing << ")" << std::endl;
     destroy_process_group();
   } catch (const std::exception& e) {
     std::cout << "FAIL: " << e.what() << std::endl;

@@ -106,7 +106,7 @@ TEST_CASE("DataParallel over every CUDA device trains like one GPU") {
   }
 }
 
-TEST_CASE("a pipeline over every CUDA device trains like the model on the CPU, with each schedule") {
+TEST_CASE("a pipeline over every CUDA device trains like the model on the CPU: each schedule, recomputing or not") {
   const auto gpus = all_gpus();
   if (!need_two(gpus)) return;
   auto make = [] {
@@ -121,33 +121,36 @@ TEST_CASE("a pipeline over every CUDA device trains like the model on the CPU, w
     return seq;
   };
   const int m = 2 * static_cast<int>(gpus.size());
-  for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
-    CAPTURE(schedule);
-    auto reference = make();
-    parallel::pipeline::Pipeline pipe(make(), {.devices = gpus, .micro_batches = m, .schedule = schedule,
-                                               .virtual_stages = std::string(schedule) == "interleaved" ? 2 : 1});
-    optim::SGD sgd_ref(reference->parameters(), optim::SGDOptions{0.05, 0.9});
-    optim::SGD sgd_pipe(pipe.parameters(), optim::SGDOptions{0.05, 0.9});
-    for (int s = 0; s < 10; ++s) {
-      Generator data(50 + s);
-      Tensor x = randn({3 * m + 1, 24}, DType::Float64, &data);
-      Tensor y = randint(0, 10, {3 * m + 1}, DType::Int64, &data);
-      sgd_ref.zero_grad();
-      cross_entropy(reference->forward(x), y).backward();
-      sgd_ref.step();
-      sgd_pipe.zero_grad();
-      auto result = pipe.step(x.to(gpus[0]), y.to(gpus[0]),
-                              [](const Tensor& out, const Tensor& t) { return cross_entropy(out, t); });
-      sgd_pipe.step();
-      CHECK(result.loss.device() == pipe.stage_device(pipe.num_stages() - 1));
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved"})
+    for (const char* recompute : {"never", "always"}) {
+      CAPTURE(schedule);
+      CAPTURE(recompute);
+      auto reference = make();
+      parallel::pipeline::Pipeline pipe(make(), {.devices = gpus, .micro_batches = m, .schedule = schedule,
+                                                 .virtual_stages = std::string(schedule) == "interleaved" ? 2 : 1,
+                                                 .activation_checkpointing = recompute});
+      optim::SGD sgd_ref(reference->parameters(), optim::SGDOptions{0.05, 0.9});
+      optim::SGD sgd_pipe(pipe.parameters(), optim::SGDOptions{0.05, 0.9});
+      for (int s = 0; s < 10; ++s) {
+        Generator data(50 + s);
+        Tensor x = randn({3 * m + 1, 24}, DType::Float64, &data);
+        Tensor y = randint(0, 10, {3 * m + 1}, DType::Int64, &data);
+        sgd_ref.zero_grad();
+        cross_entropy(reference->forward(x), y).backward();
+        sgd_ref.step();
+        sgd_pipe.zero_grad();
+        auto result = pipe.step(x.to(gpus[0]), y.to(gpus[0]),
+                                [](const Tensor& out, const Tensor& t) { return cross_entropy(out, t); });
+        sgd_pipe.step();
+        CHECK(result.loss.device() == pipe.stage_device(pipe.num_stages() - 1));
+      }
+      auto a = reference->named_parameters(), b = pipe.named_parameters();
+      for (size_t i = 0; i < a.size(); ++i) {
+        CAPTURE(a[i].first);
+        CHECK(b[i].second.device().is_cuda());
+        CHECK_CLOSE(b[i].second.to(kCPU), a[i].second, 1e-9, 1e-9);
+      }
     }
-    auto a = reference->named_parameters(), b = pipe.named_parameters();
-    for (size_t i = 0; i < a.size(); ++i) {
-      CAPTURE(a[i].first);
-      CHECK(b[i].second.device().is_cuda());
-      CHECK_CLOSE(b[i].second.to(kCPU), a[i].second, 1e-9, 1e-9);
-    }
-  }
 }
 
 TEST_CASE("DataParallel with dropout on CUDA devices repeats bit for bit") {

@@ -193,6 +193,8 @@ TEST_CASE("nccl: a pipeline with a stage per CUDA rank equals one device") {
   test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "1f1b", "4"}, nccl_rank_envs(2), std::chrono::seconds(240)));
   test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "interleaved", "4", "2"}, nccl_rank_envs(2),
                                    std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "1f1b", "4", "1", "always"}, nccl_rank_envs(2),
+                                         std::chrono::seconds(240)));
   test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "buffers"}, nccl_rank_envs(2), std::chrono::seconds(240)));
   // balance_by measured on rank 0's GPU (by_time synchronises it) and broadcast over NCCL.
   test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "balance"}, nccl_rank_envs(2), std::chrono::seconds(240)));

@@ -209,21 +209,11 @@ TEST_CASE("pipeline: activations held per stage are bounded by the micro-batches
   // the stages send each other.
   auto peak = [](const char* schedule, int m) {
     Generator gen(3);
-    const TensorOptions f64(DType::Float64);
-    auto model = std::make_shared<nn::Sequential>(
-        std::make_shared<nn::Linear>(8, 512, true, f64, &gen), std::make_shared<nn::ReLU>(),
-        std::make_shared<nn::Linear>(512, 512, true, f64, &gen), std::make_shared<nn::ReLU>(),
-        std::make_shared<nn::Linear>(512, 4, true, f64, &gen), std::make_shared<nn::ReLU>(),
-        std::make_shared<nn::Linear>(4, 4, true, f64, &gen), std::make_shared<nn::Linear>(4, 10, true, f64, &gen));
-    Pipeline pipe(model,
+    Pipeline pipe(test::make_wide_then_narrow(&gen),
                   {.devices = test::cpu_devices(4), .balance = {5, 1, 1, 1}, .micro_batches = m, .schedule = schedule});
-    Tensor x = randn({8 * m, 8}, f64, &gen);
+    Tensor x = randn({8 * m, 8}, DType::Float64, &gen);
     Tensor y = randint(0, 10, {8 * m}, DType::Int64, &gen);
-    pipe.step(x, y, cross_entropy_loss);  // the gradients exist from here on
-    const int64_t base = memory_stats(Device::cpu(0)).bytes_in_use;
-    reset_peak_memory_stats(Device::cpu(0));
-    pipe.step(x, y, cross_entropy_loss);
-    return memory_stats(Device::cpu(0)).peak_bytes_in_use - base;
+    return test::step_peak_above(pipe, x, y, cross_entropy_loss, Device::cpu(0));
   };
   const int64_t one = peak("gpipe", 1);
   const int64_t gpipe4 = peak("gpipe", 4), gpipe16 = peak("gpipe", 16);

@@ -38,10 +38,10 @@ expect_failure "not a safetensors file" --data synthetic --model mlp --resume "$
 expect_failure "training diverged: the loss is nan in epoch 1" --data synthetic --model mlp --lr 100 --epochs 1 \
   --no-progress --checkpoint "$dir/diverged.st"
 [ ! -e "$dir/diverged.st" ] || { echo "FAIL: a diverged run wrote a checkpoint"; exit 1; }
-expect_failure "--microbatches, --schedule, --virtual-stages and --balance are for --mode pipeline" --data synthetic \
-  --schedule gpipe
-expect_failure "--microbatches, --schedule, --virtual-stages and --balance are for --mode pipeline" --data synthetic \
-  --balance time
+pipeline_only="--microbatches, --schedule, --virtual-stages, --balance and --activation-checkpointing are for --mode"
+expect_failure "$pipeline_only pipeline" --data synthetic --schedule gpipe
+expect_failure "$pipeline_only pipeline" --data synthetic --balance time
+expect_failure "$pipeline_only pipeline" --data synthetic --activation-checkpointing always
 expect_failure "--balance: must be positive integers separated by commas (e.g. 1,3) or time, got '0,4'" \
   --data synthetic --mode pipeline --balance 0,4
 expect_failure "balance puts 3 layers in stages; the Sequential has 4" --data synthetic --mode pipeline \
@@ -299,15 +299,16 @@ grep -qF "$resumed_line" "$dir/elastic.log" && grep -q "epoch $next/$next: train
   { echo "FAIL: the elastic restart's checkpoint is not at the end of epoch $next"; exit 1; }
 
 # --mode pipeline: the ConvNet in two stages (--balance 1,3: layer1 | layer2, flatten, fc),
-# four micro-batches a batch under 1F1B, reaches the single-device accuracy (the same gradients
-# up to rounding); its checkpoints resume on one device and the other way round; its trace has
-# a span per schedule action.
+# four micro-batches a batch under 1F1B, recomputing their activations in the backward, reaches
+# the single-device accuracy (the same gradients up to rounding); its checkpoints resume on one
+# device and the other way round; its trace has a span per schedule action.
 conv=(--data synthetic --model convnet --batch-size 100 --seed 1 --no-progress)
 "$train" "${conv[@]}" --epochs 1 --device cpu --metrics-json "$dir/conv_single.json" --checkpoint "$dir/conv_single.st" > /dev/null
 "$train" "${conv[@]}" --epochs 1 --mode pipeline --devices cpu:0,cpu:1 --microbatches 4 --schedule 1f1b \
-  --balance 1,3 --metrics-json "$dir/pipe.json" --checkpoint "$dir/pipe.st" --trace "$dir/pipe.trace.json" \
-  > "$dir/pipe.log" 2>&1 || { echo "FAIL: --mode pipeline:"; cat "$dir/pipe.log"; exit 1; }
-grep -q "pipeline over cpu:0,cpu:1 (1f1b, 4 micro-batches, layers per stage 1+3)" "$dir/pipe.log" &&
+  --balance 1,3 --activation-checkpointing always --metrics-json "$dir/pipe.json" --checkpoint "$dir/pipe.st" \
+  --trace "$dir/pipe.trace.json" > "$dir/pipe.log" 2>&1 ||
+  { echo "FAIL: --mode pipeline:"; cat "$dir/pipe.log"; exit 1; }
+grep -q "(1f1b, 4 micro-batches, layers per stage 1+3, activation checkpointing always)" "$dir/pipe.log" &&
   [ "$(value "$dir/pipe.json" mode)" = pipeline ] && [ "$(value "$dir/pipe.json" world_size)" = 2 ] ||
   { echo "FAIL: pipeline metrics:"; cat "$dir/pipe.json"; exit 1; }
 grep -q '"name":"1B3"' "$dir/pipe.trace.json" || { echo "FAIL: the pipeline trace has no 1B3 spans"; exit 1; }

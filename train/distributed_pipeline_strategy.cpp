@@ -46,7 +46,8 @@ std::shared_ptr<nn::Module> DistributedPipelineStrategy::prepare(std::shared_ptr
                                                      .balance_by = options_.balance_by,
                                                      .micro_batches = options_.micro_batches,
                                                      .schedule = options_.schedule,
-                                                     .virtual_stages = options_.virtual_stages});
+                                                     .virtual_stages = options_.virtual_stages,
+                                                     .activation_checkpointing = options_.activation_checkpointing});
   for (int s = 0; s < pipeline_->num_stages(); ++s)
     for (const Tensor& p : pipeline_->stage(s).parameters()) owners_[p.impl()] = pipeline_->schedule().rank_of(s);
   return pipeline_;

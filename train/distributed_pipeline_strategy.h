@@ -49,6 +49,7 @@ struct DistributedPipelineStrategyOptions {
   int virtual_stages = 1;        // stages per rank (the interleaved schedule)
   std::vector<size_t> balance;   // layers per stage; empty: as even as possible
   parallel::pipeline::Balancer balance_by;  // instead of balance: measured on rank 0, sent to the others
+  std::string activation_checkpointing = "never";  // or except_last, always (pipeline.h)
 };
 
 class DistributedPipelineStrategy final : public Strategy {

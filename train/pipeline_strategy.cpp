@@ -28,6 +28,8 @@ std::shared_ptr<nn::Module> PipelineStrategy::prepare(std::shared_ptr<nn::Module
                                                                 .micro_batches = options_.micro_batches,
                                                                 .schedule = options_.schedule,
                                                                 .virtual_stages = options_.virtual_stages,
+                                                                .activation_checkpointing =
+                                                                    options_.activation_checkpointing,
                                                                 .output_device = options_.devices[0]});
 }
 

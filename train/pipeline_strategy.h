@@ -31,6 +31,7 @@ struct PipelineStrategyOptions {
   int virtual_stages = 1;
   std::vector<size_t> balance;                   // layers per stage; empty: as even as possible
   parallel::pipeline::Balancer balance_by;       // instead of balance: measured on the first device
+  std::string activation_checkpointing = "never";  // or except_last, always (pipeline.h)
 };
 
 class PipelineStrategy final : public Strategy {

@@ -144,6 +144,7 @@ DistributedPipeline::DistributedPipeline(std::shared_ptr<nn::Sequential> model, 
              options_.virtual_stages);
   WEFT_CHECK(options_.balance.empty() || !options_.balance_by,
              "DistributedPipeline: give balance or balance_by, not both");
+  recomputed_micro_batches(options_.activation_checkpointing, 1);  // a mode it knows
   const int stages = group_->size() * options_.virtual_stages;
   stages_ = split_stages(*model, stages, options_.balance_by ? measured_balance(*model, stages) : options_.balance);
   options_.balance_by = nullptr;  // and with it what it holds (by_time's sample)
@@ -314,6 +315,7 @@ StepResult DistributedPipeline::step(const Tensor& input, const Tensor& target, 
   const int S = num_stages(), m = schedule_.num_micro_batches;
   StageStep data;
   data.criterion = &criterion;
+  data.recompute_below = recomputed_micro_batches(options_.activation_checkpointing, m);
   if (holds_stage(0)) {
     WEFT_CHECK(input.defined() && input.dim() >= 1, "DistributedPipeline::step: rank ", group_->rank(),
                " runs the first stage and needs the input batch");

@@ -57,6 +57,7 @@ struct DistributedPipelineOptions {
   int micro_batches = 1;
   std::string schedule = "1f1b";    // gpipe, 1f1b or interleaved
   int virtual_stages = 1;           // stages per rank (interleaved)
+  std::string activation_checkpointing = "never";  // or except_last, always (as Pipeline's)
 };
 
 // Throws naming the first two ranks whose messages would be matched out of order.

@@ -73,6 +73,7 @@ Pipeline::Pipeline(std::shared_ptr<nn::Sequential> model, PipelineOptions option
              options_.virtual_stages);
   const int ranks = static_cast<int>(options_.devices.size()), stages = ranks * options_.virtual_stages;
   WEFT_CHECK(options_.balance.empty() || !options_.balance_by, "Pipeline: give balance or balance_by, not both");
+  recomputed_micro_batches(options_.activation_checkpointing, 1);  // a mode it knows
   const std::vector<size_t> balance =
       options_.balance_by ? options_.balance_by(*model_, stages, options_.devices[0]) : options_.balance;
   stages_ = split_stages(*model_, stages, balance);
@@ -141,6 +142,7 @@ StepResult Pipeline::step(const Tensor& input, const Tensor& target, const Crite
   data.inputs = split(input.detach().to(stage_device(0)), data.sizes);
   data.targets = split(target.detach().to(stage_device(S - 1)), data.sizes);
   data.criterion = &criterion;
+  data.recompute_below = recomputed_micro_batches(options_.activation_checkpointing, m);
   // Each rank's thread runs its actions on its own copy of the step's data; the last
   // stage's rank fills in the losses and outputs.
   std::vector<StageStep> per_rank(R, data);

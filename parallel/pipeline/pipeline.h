@@ -69,6 +69,9 @@ struct PipelineOptions {
   int micro_batches = 1;
   std::string schedule = "gpipe";   // gpipe, 1f1b or interleaved
   int virtual_stages = 1;           // stages per device (interleaved)
+  // never, except_last or always: which micro-batches keep only their inputs until their
+  // backward and run their forward again there (stage_runner.h; torchgpipe's checkpoint).
+  std::string activation_checkpointing = "never";
   // Where step()'s loss and output and forward()'s output land; the last stage's device
   // when not given.
   std::optional<Device> output_device;

@@ -10,9 +10,20 @@
 // grad; its backward runs from the gradient the next stage sent (the last stage's from its
 // weighted loss), and the input's gradient is what it sends back. So stages never share an
 // autograd graph, and the activations of a micro-batch go as soon as its backward has run.
+//
+// Activation checkpointing (GPipe's re-materialisation, torchgpipe's `checkpoint`): the
+// micro-batches below StageStep::recompute_below run their forward without gradients and
+// keep only their input; their backward runs the forward again with gradients, then goes
+// on as any other. A stage then holds one micro-batch's activations at a time, not one per
+// micro-batch in flight, for about one more forward per micro-batch. The second forward
+// draws the same random numbers as the first (the stage device's default generator is set
+// back to where the first started, then to where it was; a generator of a layer's own is
+// not), and what it does to the stage's buffers is undone (BatchNorm counts each micro-batch
+// once, as without recomputation): the results are those of the plain pipeline.
 #pragma once
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/device.h"
@@ -40,12 +51,18 @@ class Transport {
 // first n % m one longer); an error when n < m.
 std::vector<int64_t> micro_batch_sizes(int64_t n, int m);
 
+// The micro-batches of m that a pipeline's activation_checkpointing option recomputes, as
+// torchgpipe's checkpoint modes: "never" none, "except_last" all but the last (whose backward
+// comes right after its forward in GPipe), "always" all. Another mode is an error naming it.
+int recomputed_micro_batches(const std::string& mode, int m);
+
 // One step's data for the stages of one rank.
 struct StageStep {
   std::vector<Tensor> inputs;    // stage 0's micro-batches (on its device), where this rank has stage 0
   std::vector<Tensor> targets;   // the last stage's, where this rank has it
   std::vector<int64_t> sizes;    // every micro-batch's size
   int64_t batch = 0;             // their sum
+  int recompute_below = 0;       // micro-batches [0, this) are recomputed (activation checkpointing)
   const Criterion* criterion = nullptr;
   // Filled for the last stage's micro-batches: the weighted losses and the outputs, detached.
   std::vector<Tensor> losses, outputs;
