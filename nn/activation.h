@@ -35,6 +35,7 @@ class Dropout : public Cloneable<Dropout> {
   std::string extra_repr() const override;
 
   double p() const { return p_; }
+  Generator* generator() const { return gen_; }  // its own, or null: the input device's default
 
  private:
   double p_;

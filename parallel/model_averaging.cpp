@@ -34,6 +34,16 @@ void average_parameters(const std::vector<Tensor>& params, ProcessGroup& group) 
   }
 }
 
+void average_gradients(const std::vector<Tensor>& params, ProcessGroup& group) {
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < params.size(); ++i) {
+    WEFT_CHECK(params[i].grad().defined(), "average_gradients: parameter ", i, " (", params[i].shape().str(),
+               ") has no gradient; every rank must average the same gradients, after the backward");
+    grads.push_back(params[i].grad());
+  }
+  average_parameters(grads, group);
+}
+
 void ModelAverager::set_step(int64_t step) {
   WEFT_CHECK(step >= 0, "ModelAverager::set_step: the step count must be >= 0, got ", step);
   step_ = step;

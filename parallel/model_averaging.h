@@ -38,6 +38,12 @@ namespace weft::parallel {
 // returns at once.
 void average_parameters(const std::vector<Tensor>& params, ProcessGroup& group);
 
+// Every rank's params' gradients (.grad) replaced by their average over `group`, as
+// average_parameters does it: data parallelism done by hand, after the backward (what DDP
+// does, without overlapping it), e.g. over the replicas of a pipeline's stage (README, "Two
+// dimensions"). Every parameter must have a gradient (an error names the first without).
+void average_gradients(const std::vector<Tensor>& params, ProcessGroup& group);
+
 // What PostLocalSGDOptimizer drives: called once per optimizer step, it decides whether
 // this step averages. step() counts the calls so far (saved with the optimizer's state).
 class ModelAverager {

@@ -6,6 +6,8 @@
 //   pipeline_worker buffers       (broadcast_stages with BatchNorm's buffers)
 //   pipeline_worker balance       (balance_by: rank 0's answer on every rank; by_time alike)
 //   pipeline_worker balance-fails (balance_by throws on rank 0: every rank must fail)
+//   pipeline_worker two-dimensions (4 ranks: Note [Two dimensions: pipelines replicated over
+//                                 data-parallel groups])
 //   pipeline_worker loop first|rest sgd|adam SCHEDULE MICRO_BATCHES VIRTUAL_STAGES CHECKPOINT
 //                                 (a TrainLoop: Note [A pipeline TrainLoop resumed on other ranks])
 //
@@ -34,6 +36,20 @@ using namespace weft;
 using namespace weft::parallel;
 
 namespace {
+
+// The parameters of `got` that differ by more than 1e-10 from those of `want` of the same
+// names (or that `want` lacks), each said in a FAIL line.
+int count_differing(const nn::NamedTensors& got, const nn::NamedTensors& want, int rank) {
+  int failures = 0;
+  for (const auto& [name, value] : got) {
+    const std::string& key = name;  // Clang 14 cannot capture a structured binding
+    const auto it = std::find_if(want.begin(), want.end(), [&](const auto& p) { return p.first == key; });
+    const double diff = it == want.end() ? 1.0 : amax(abs(sub(value, it->second))).item();
+    if (diff > 1e-10)
+      std::cout << "FAIL: rank " << rank << ": parameter " << name << " differs by " << diff << std::endl, ++failures;
+  }
+  return failures;
+}
 
 // Note [A pipeline TrainLoop resumed on other ranks]: a TrainLoop over the ranks' stages
 // (train::DistributedPipelineStrategy) trains the MLP on 64 samples in batches of 12 (the last
@@ -219,14 +235,70 @@ int scenario_balance() {
   return failures == 0 ? 0 : 1;
 }
 
+// Note [Two dimensions: pipelines replicated over data-parallel groups]: 4 ranks, two
+// pipelines of two stages (ranks 0, 1 and 2, 3), each stage replicated over a data-parallel
+// group (ranks 0, 2 and 1, 3). Each pipeline trains on its half of every batch; after the
+// backward each stage's gradients are averaged over its replicas (average_gradients). Equal
+// halves make that the gradient of the whole batch's mean loss: every rank's stages must
+// follow the model trained on whole batches on one device, and the replicas' losses average to
+// its loss.
+int scenario_two_dimensions() {
+  init_process_group(test::worker_backend());
+  const int rank = get_rank();
+  WEFT_CHECK(get_world_size() == 4, "two dimensions: 4 ranks, got ", get_world_size());
+  // Every rank makes every group, in the same order (new_group is a collective of all ranks).
+  std::shared_ptr<ProcessGroup> pipeline_group, replica_group;
+  for (const std::vector<int>& ranks : {std::vector<int>{0, 1}, std::vector<int>{2, 3}})
+    if (auto g = new_group(ranks)) pipeline_group = g;
+  for (const std::vector<int>& ranks : {std::vector<int>{0, 2}, std::vector<int>{1, 3}})
+    if (auto g = new_group(ranks)) replica_group = g;
+  const Device device = test::worker_device();
+  const int replica = rank / 2;
+  auto reference = test::make_mlp(7);
+  reference->to(device);
+  pipeline::DistributedPipeline pipe(test::make_mlp(7), pipeline_group,
+                                     {.device = device, .micro_batches = 2, .schedule = "1f1b"});
+  optim::SGD sgd_ref(reference->parameters(), optim::SGDOptions{0.05, 0.9});
+  optim::SGD sgd_pipe(pipe.parameters(), optim::SGDOptions{0.05, 0.9});
+  auto criterion = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+  int failures = 0;
+  for (int s = 0; s < 10; ++s) {
+    Generator gen(1000 + s);
+    Tensor x = randn({16, 8}, TensorOptions(DType::Float64), &gen).to(device);
+    Tensor y = randint(0, 10, {16}, DType::Int64, &gen).to(device);
+    sgd_ref.zero_grad();
+    Tensor expected = criterion(reference->forward(x), y);
+    expected.backward();
+    sgd_ref.step();
+    sgd_pipe.zero_grad();
+    const pipeline::StepResult result = pipe.step(x.narrow(0, 8 * replica, 8), y.narrow(0, 8 * replica, 8), criterion);
+    average_gradients(pipe.parameters(), *replica_group);
+    sgd_pipe.step();
+    if (pipe.holds_stage(1)) {
+      Tensor loss = result.loss.detach().clone();
+      replica_group->all_reduce(loss, ReduceOp::Avg)->wait();
+      const double got = loss.item(), want = expected.item();
+      if (std::abs(got - want) > 1e-10 * (1 + std::abs(want)))
+        std::cout << "FAIL: rank " << rank << ": step " << s << " loss " << got << ", expected " << want << std::endl,
+            ++failures;
+    }
+  }
+  failures += count_differing(pipe.named_parameters(), reference->named_parameters(), rank);
+  std::cout << "rank " << rank << ": pipeline rank " << pipeline_group->rank() << " of replica " << replica
+            << ", 10 steps equal one device" << std::endl;
+  destroy_process_group();
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string first = argc >= 2 ? argv[1] : "";
-  const bool alone = first == "mismatch" || first == "buffers" || first == "balance" || first == "balance-fails";
+  const bool alone = first == "mismatch" || first == "buffers" || first == "balance" || first == "balance-fails" ||
+                     first == "two-dimensions";
   if (argc < 2 || (!alone && argc < 3) || (first == "loop" && argc != 8)) {
     std::cerr << "usage: pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES [ACTIVATION_CHECKPOINTING]] | "
-                 "pipeline_worker mismatch|buffers|balance|balance-fails | "
+                 "pipeline_worker mismatch|buffers|balance|balance-fails|two-dimensions | "
                  "pipeline_worker loop first|rest sgd|adam SCHEDULE MICRO_BATCHES VIRTUAL_STAGES CHECKPOINT\n";
     return 2;
   }
@@ -241,6 +313,7 @@ int main(int argc, char** argv) {
   };
   if (first == "buffers") return run(scenario_buffers);
   if (first == "balance") return run(scenario_balance);
+  if (first == "two-dimensions") return run(scenario_two_dimensions);
   if (first == "balance-fails") {
     try {
       init_process_group(test::worker_backend());
@@ -292,6 +365,7 @@ int main(int argc, char** argv) {
     optim::SGD sgd_ref(reference->parameters(), optim::SGDOptions{0.05, 0.9});
     optim::SGD sgd_pipe(pipe.parameters(), optim::SGDOptions{0.05, 0.9});
     auto criterion = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+    trace::start();  // to count the forwards that ran again
     for (int s = 0; s < 20; ++s) {
       Generator gen(1000 + s);
       Tensor x = randn({13, 8}, TensorOptions(DType::Float64), &gen).to(device);
@@ -314,18 +388,24 @@ int main(int argc, char** argv) {
         ++failures;
       }
     }
+    trace::stop();
+    // Stage 0's backwards never come right after their forwards: every micro-batch below
+    // the mode's bound ran again, on every step.
+    if (pipe.holds_stage(0) && virtual_stages == 1) {
+      const std::string json = trace::json();
+      size_t recomputed = 0;
+      for (size_t at = json.find("\"recompute\""); at != std::string::npos; at = json.find("\"recompute\"", at + 1))
+        ++recomputed;
+      const size_t expected = 20 * static_cast<size_t>(pipeline::recomputed_micro_batches(activation_checkpointing,
+                                                                                          micro_batches));
+      if (recomputed != expected)
+        std::cout << "FAIL: rank " << rank << " recomputed " << recomputed << " forwards, expected " << expected
+                  << std::endl, ++failures;
+    }
     const auto want = reference->named_parameters();
     const auto got = pipe.named_parameters();
     if (got.empty()) std::cout << "FAIL: rank " << rank << " holds no parameters" << std::endl, ++failures;
-    for (const auto& [name, value] : got) {
-      const std::string& key = name;  // Clang 14 cannot capture a structured binding
-      const auto it = std::find_if(want.begin(), want.end(), [&](const auto& p) { return p.first == key; });
-      const double diff = it == want.end() ? 1.0 : amax(abs(sub(value, it->second))).item();
-      if (diff > 1e-10) {
-        std::cout << "FAIL: rank " << rank << ": parameter " << name << " differs by " << diff << std::endl;
-        ++failures;
-      }
-    }
+    failures += count_differing(got, want, rank);
     // Inference: the last stage's rank gets the reference's output, the others nothing.
     Generator gen(99);
     Tensor x = randn({9, 8}, TensorOptions(DType::Float64), &gen).to(device);

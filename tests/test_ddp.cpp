@@ -478,6 +478,12 @@ TEST_CASE("model averagers: their schedules, their checks, and PostLocalSGDOptim
   CHECK_THROWS_WITH_AS(
       parallel::PostLocalSGDOptimizer(nullptr, std::make_shared<parallel::PeriodicModelAverager>(1, 0, group)),
       Contains("needs an optimizer to wrap"), Error);
+  // average_gradients: a parameter without a gradient is named, even over a group of one.
+  Tensor with_grad = ones({3}).requires_grad_(), without = ones({2, 2}).requires_grad_();
+  sum(with_grad).backward();
+  CHECK_NOTHROW(parallel::average_gradients({with_grad}, *group));
+  CHECK_THROWS_WITH_AS(parallel::average_gradients({with_grad, without}, *group),
+                       Contains("average_gradients: parameter 1 ([2, 2]) has no gradient"), Error);
   // On a rank outside its group (new_group's null) an averager only counts.
   parallel::PeriodicModelAverager outside(1, 0, std::shared_ptr<parallel::ProcessGroup>());
   outside.average_parameters({ones({2})});

@@ -390,6 +390,15 @@ TEST_CASE("distributed pipeline: broadcast_stages carries BatchNorm's statistics
   }
 }
 
+TEST_CASE("two dimensions: two pipelines of two stages, each stage averaged over its replicas, equal one device") {
+  if (!parallel::gloo_available()) return;
+  // Note [Two dimensions: pipelines replicated over data-parallel groups] (tests/pipeline_worker.cpp).
+  const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "two-dimensions"}, 4, std::chrono::seconds(120));
+  test::check_all_ok(outcomes);
+  for (const auto& outcome : outcomes)
+    CHECK_MESSAGE(outcome.output.find("10 steps equal one device") != std::string::npos, outcome.output);
+}
+
 TEST_CASE("distributed pipeline: ranks that disagree on the options fail at construction, naming the field") {
   if (!parallel::gloo_available()) return;
   const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "mismatch"}, 2, std::chrono::seconds(60));

@@ -7,6 +7,7 @@
 #include "test_util.h"
 
 #include "core/allocator.h"
+#include "core/trace.h"
 #include "nn/activation.h"
 #include "nn/linear.h"
 #include "nn/models/resnet.h"
@@ -35,27 +36,38 @@ std::shared_ptr<nn::Sequential> mlp_with_dropout() {
   return model;
 }
 
-// 6 SGD steps of a pipeline over `model`'s copy from generators seeded alike: the losses of
-// every step, then the model's parameters and buffers.
-std::vector<Tensor> train_six_steps(const std::shared_ptr<nn::Sequential>& model, PipelineOptions options,
-                                    const Shape& sample) {
+// 6 SGD steps of a pipeline over `model`'s copy from generators seeded alike (`own`, a
+// Dropout's generator of its own, too): the losses of every step, then the model's parameters
+// and buffers; and how many forwards ran again (the trace's "recompute" spans).
+struct Run {
+  std::vector<Tensor> values;
+  size_t recomputed = 0;
+};
+Run train_six_steps(const std::shared_ptr<nn::Sequential>& model, PipelineOptions options, const Shape& sample,
+                    Generator* own = nullptr) {
   manual_seed(21);
+  if (own) own->manual_seed(22);
   auto copy = std::dynamic_pointer_cast<nn::Sequential>(model->clone());
   Pipeline pipe(copy, std::move(options));
   optim::SGD sgd(pipe.parameters(), optim::SGDOptions{0.05, 0.9});
-  std::vector<Tensor> out;
+  Run run;
   Shape shape = sample;
   shape.insert(0, 12);
+  trace::start();
   for (int s = 0; s < 6; ++s) {
     Generator gen(500 + s);
     Tensor x = randn(shape, DType::Float64, &gen);
     Tensor y = randint(0, 10, {12}, DType::Int64, &gen);
     sgd.zero_grad();
-    out.push_back(pipe.step(x, y, cross_entropy_loss).loss.to(kCPU));
+    run.values.push_back(pipe.step(x, y, cross_entropy_loss).loss.to(kCPU));
     sgd.step();
   }
-  for (const auto& [name, t] : copy->state_dict()) out.push_back(t.to(kCPU));
-  return out;
+  trace::stop();
+  const std::string json = trace::json();
+  for (size_t at = json.find("\"recompute\""); at != std::string::npos; at = json.find("\"recompute\"", at + 1))
+    ++run.recomputed;
+  for (const auto& [name, t] : copy->state_dict()) run.values.push_back(t.to(kCPU));
+  return run;
 }
 
 void check_same(const std::vector<Tensor>& actual, const std::vector<Tensor>& expected) {
@@ -71,33 +83,60 @@ void check_same(const std::vector<Tensor>& actual, const std::vector<Tensor>& ex
 TEST_CASE("activation checkpointing: recomputed micro-batches give the plain pipeline's losses and weights") {
   // Dropout: the second forward must draw the first one's masks (each stage's device has a
   // generator of its own), and the generator must go on from where the plain run's does.
+  // Recomputed per step, 3 stages and 4 micro-batches: GPipe every (stage, micro-batch), or
+  // all but the last micro-batch's; 1F1B all but the last stage's, whose backwards come
+  // right after their forwards.
   const auto dropout = mlp_with_dropout();
-  for (const char* schedule : {"gpipe", "1f1b"}) {
-    CAPTURE(schedule);
-    const PipelineOptions plain{.devices = test::cpu_devices(3), .micro_batches = 4, .schedule = schedule};
-    const std::vector<Tensor> expected = train_six_steps(dropout, plain, {8});
-    for (const char* mode : {"except_last", "always"}) {
-      CAPTURE(mode);
-      PipelineOptions options = plain;
-      options.activation_checkpointing = mode;
-      check_same(train_six_steps(dropout, options, {8}), expected);
-    }
+  struct Expect {
+    const char* schedule;
+    const char* mode;
+    size_t per_step;
+  };
+  for (const Expect& e : {Expect{"gpipe", "except_last", 9}, Expect{"gpipe", "always", 12},
+                          Expect{"1f1b", "except_last", 6}, Expect{"1f1b", "always", 8}}) {
+    CAPTURE(e.schedule);
+    CAPTURE(e.mode);
+    const PipelineOptions plain{.devices = test::cpu_devices(3), .micro_batches = 4, .schedule = e.schedule};
+    PipelineOptions options = plain;
+    options.activation_checkpointing = e.mode;
+    const Run run = train_six_steps(dropout, options, {8});
+    check_same(run.values, train_six_steps(dropout, plain, {8}).values);
+    CHECK(run.recomputed == 6 * e.per_step);
   }
   // Interleaved: two stages per device, recomputed on one thread.
   const PipelineOptions interleaved{.devices = test::cpu_devices(2), .micro_batches = 4, .schedule = "interleaved",
                                     .virtual_stages = 2};
   PipelineOptions recomputed = interleaved;
   recomputed.activation_checkpointing = "always";
-  check_same(train_six_steps(dropout, recomputed, {8}), train_six_steps(dropout, interleaved, {8}));
+  const Run run = train_six_steps(dropout, recomputed, {8});
+  check_same(run.values, train_six_steps(dropout, interleaved, {8}).values);
+  CHECK(run.recomputed > 0);
+  // A Dropout with a generator of its own (on stage 1 only: one thread draws from it).
+  Generator own(22);
+  auto owned = test::make_mlp(7);
+  auto with_own = std::make_shared<nn::Sequential>();
+  for (size_t i = 0; i < owned->size(); ++i) {
+    with_own->push_back(owned->named_children()[i].second);
+    if (i == 4) with_own->push_back(std::make_shared<nn::Dropout>(0.3, &own));
+  }
+  const PipelineOptions two{.devices = test::cpu_devices(2), .balance = {4, 4}, .micro_batches = 4};
+  PipelineOptions two_recomputed = two;
+  two_recomputed.activation_checkpointing = "always";
+  check_same(train_six_steps(with_own, two_recomputed, {8}, &own).values, train_six_steps(with_own, two, {8}, &own).values);
   // BatchNorm: its statistics and counts as the plain pipeline leaves them (the second forward
-  // of a micro-batch must not count it again).
-  auto resnet = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1});
-  resnet->to(DType::Float64);
-  const PipelineOptions bn{.devices = test::cpu_devices(2), .micro_batches = 3, .schedule = "1f1b"};
-  PipelineOptions bn_recomputed = bn;
-  bn_recomputed.activation_checkpointing = "always";
-  check_same(train_six_steps(resnet->as_sequential(), bn_recomputed, {1, 8, 8}),
-             train_six_steps(resnet->as_sequential(), bn, {1, 8, 8}));
+  // of a micro-batch must not count it again); in evaluation, where its backward reads the
+  // statistics it saved, they must not be written at all.
+  for (bool training : {true, false}) {
+    CAPTURE(training);
+    auto resnet = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1});
+    resnet->to(DType::Float64);
+    if (!training) resnet->eval();
+    const PipelineOptions bn{.devices = test::cpu_devices(2), .micro_batches = 3, .schedule = "1f1b"};
+    PipelineOptions bn_recomputed = bn;
+    bn_recomputed.activation_checkpointing = "always";
+    check_same(train_six_steps(resnet->as_sequential(), bn_recomputed, {1, 8, 8}).values,
+               train_six_steps(resnet->as_sequential(), bn, {1, 8, 8}).values);
+  }
 }
 
 TEST_CASE("activation checkpointing: a stage holds one micro-batch's activations, not one per micro-batch") {

@@ -312,6 +312,7 @@ grep -q "(1f1b, 4 micro-batches, layers per stage 1+3, activation checkpointing 
   [ "$(value "$dir/pipe.json" mode)" = pipeline ] && [ "$(value "$dir/pipe.json" world_size)" = 2 ] ||
   { echo "FAIL: pipeline metrics:"; cat "$dir/pipe.json"; exit 1; }
 grep -q '"name":"1B3"' "$dir/pipe.trace.json" || { echo "FAIL: the pipeline trace has no 1B3 spans"; exit 1; }
+grep -q '"name":"recompute"' "$dir/pipe.trace.json" || { echo "FAIL: the pipeline recomputed nothing"; exit 1; }
 conv_accuracy=$(value "$dir/conv_single.json" test_accuracy) pipe_accuracy=$(value "$dir/pipe.json" test_accuracy)
 awk -v a="$conv_accuracy" -v b="$pipe_accuracy" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' ||
   { echo "FAIL: pipeline test accuracy $pipe_accuracy is not within 0.01 of the single-device $conv_accuracy"; exit 1; }

@@ -7,6 +7,8 @@
 #include <optional>
 #include <map>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -65,9 +67,11 @@ class GroupTransport final : public Transport {
     WEFT_CHECK(data.dim() <= kMaxHeaderDims, "pipeline: ", send.str(), " sends a ", data.dim(),
                "-d tensor; stages may pass at most ", kMaxHeaderDims, "-d tensors between ranks");
     Tensor head = tensor_header(data, data.device());
-    sends_.push_back(group_.send(head, dst, tag(id, 0)));
-    sends_.push_back(group_.send(data, dst, tag(id, 1)));
-    keep_.push_back(head), keep_.push_back(data);
+    // The sends done so far let go of their tensors: a recomputed micro-batch's output
+    // (stage_runner.h) should not outlive its message. A failed one stays for finish().
+    std::erase_if(in_flight_, [](const auto& s) { return s.first->is_completed() && !s.first->exception(); });
+    in_flight_.emplace_back(group_.send(head, dst, tag(id, 0)), head);
+    in_flight_.emplace_back(group_.send(data, dst, tag(id, 1)), data);
   }
 
   Tensor recv(const Action& recv, Device device) override {
@@ -89,9 +93,8 @@ class GroupTransport final : public Transport {
 
   // Every send is done (their tensors may be freed).
   void finish() {
-    for (const auto& work : sends_) work->wait();
-    sends_.clear();
-    keep_.clear();
+    for (const auto& [work, tensor] : in_flight_) work->wait();
+    in_flight_.clear();
   }
 
  private:
@@ -104,8 +107,7 @@ class GroupTransport final : public Transport {
 
   ProcessGroup& group_;
   const Schedule& schedule_;
-  std::vector<std::shared_ptr<Work>> sends_;
-  std::vector<Tensor> keep_;
+  std::vector<std::pair<std::shared_ptr<Work>, Tensor>> in_flight_;  // sends and the tensors they read
   std::map<int64_t, Tensor> local_;
 };
 

@@ -1,6 +1,7 @@
 // run_stage_actions: one rank's actions of a schedule; see stage_runner.h.
 #include "parallel/pipeline/stage_runner.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "core/autograd.h"
@@ -8,6 +9,7 @@
 #include "core/generator.h"
 #include "core/trace.h"
 #include "kernels/elementwise.h"
+#include "nn/activation.h"
 
 namespace weft::parallel::pipeline {
 
@@ -19,7 +21,8 @@ struct Slot {
   Tensor output;       // until its backward (recomputed: until it is sent)
   Tensor grad_output;  // received from the next stage
   Tensor loss;         // last stage: the weighted loss, until its backward
-  uint64_t generator_offset = 0;  // recomputed: where the stage device's generator stood before the forward
+  bool recompute = false;
+  std::vector<uint64_t> generator_offsets;  // recomputed: where the stage's generators stood before the forward
 };
 
 // The stage's forward on the slot's input, and on the last stage the micro-batch's weighted loss.
@@ -33,18 +36,59 @@ void forward(nn::Module& stage, const Action& a, bool last, StageStep& step, Slo
   slot.loss = mul(loss, weight);
 }
 
-// A recomputed micro-batch's second forward, with gradients, drawing what the first drew; the
-// stage's buffers are left as the first forward left them.
+// The generators a stage's forward may draw from: the device's default, and those of its own
+// that Dropout layers hold.
+std::vector<Generator*> stage_generators(const nn::Module& stage, Device device) {
+  std::vector<Generator*> generators{&default_generator(device)};
+  for (const auto& [name, module] : stage.named_modules())
+    if (const auto* dropout = dynamic_cast<const nn::Dropout*>(module); dropout && dropout->generator())
+      if (std::find(generators.begin(), generators.end(), dropout->generator()) == generators.end())
+        generators.push_back(dropout->generator());
+  return generators;
+}
+
+// A recomputed micro-batch's second forward, with gradients: its generators start where the
+// first forward's did, and go on afterwards from where they were; the buffers it writes
+// (BatchNorm's statistics in training) are put back as the first forward left them. Both
+// also when the forward throws.
 void forward_again(nn::Module& stage, const Action& a, bool last, Device device, StageStep& step, Slot& slot) {
-  std::vector<Tensor> buffers = stage.buffers(), kept;
-  for (const Tensor& b : buffers) kept.push_back(b.clone());
-  Generator& generator = default_generator(device);
-  const uint64_t now = generator.offset();
-  generator.set_offset(slot.generator_offset);
+  struct Restore {
+    std::vector<Generator*> generators = {};
+    std::vector<uint64_t> offsets = {};
+    std::vector<Tensor> buffers = {}, kept = {};
+    std::vector<uint32_t> versions = {};
+    ~Restore() {
+      for (size_t i = 0; i < generators.size(); ++i) generators[i]->set_offset(offsets[i]);
+      NoGradGuard no_grad;
+      // Only the buffers written: one that the backward reads as saved (BatchNorm's statistics
+      // in evaluation) must keep its version.
+      for (size_t i = 0; i < buffers.size(); ++i)
+        if (buffers[i].version() != versions[i]) buffers[i].copy_(kept[i]);
+    }
+  } restore{.generators = stage_generators(stage, device), .buffers = stage.buffers()};
+  for (size_t i = 0; i < restore.generators.size(); ++i) {
+    restore.offsets.push_back(restore.generators[i]->offset());
+    restore.generators[i]->set_offset(slot.generator_offsets.at(i));
+  }
+  for (const Tensor& b : restore.buffers) {
+    restore.kept.push_back(b.clone());
+    restore.versions.push_back(b.version());
+  }
+  TraceSpan span("recompute", device);
+  span.arg("stage", a.stage).arg("micro_batch", a.micro_batch);
   forward(stage, a, last, step, slot);
-  generator.set_offset(now);
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(kept[i]);
+}
+
+// Whether rank's Forward at `index` is followed, as the rank's next computation, by the same
+// micro-batch's Backward (the last stage under 1F1B): recomputing it would save nothing.
+bool backward_comes_next(const std::vector<Action>& actions, size_t index) {
+  const Action& f = actions[index];
+  for (size_t i = index + 1; i < actions.size(); ++i) {
+    const Action& next = actions[i];
+    if (next.kind != ActionKind::Forward && next.kind != ActionKind::Backward) continue;
+    return next.kind == ActionKind::Backward && next.stage == f.stage && next.micro_batch == f.micro_batch;
+  }
+  return false;
 }
 
 }  // namespace
@@ -69,7 +113,9 @@ void run_stage_actions(const Schedule& schedule, int rank, const std::function<n
   std::vector<std::vector<Slot>> slots(S, std::vector<Slot>(m));
   step.losses.resize(m);
   step.outputs.resize(m);
-  for (const Action& a : schedule.actions[rank]) {
+  const std::vector<Action>& actions = schedule.actions[rank];
+  for (size_t index = 0; index < actions.size(); ++index) {
+    const Action& a = actions[index];
     const Device here = device(a.stage);
     Slot& slot = slots[a.stage][a.micro_batch];
     TraceSpan span(a.str(), here);
@@ -81,29 +127,31 @@ void run_stage_actions(const Schedule& schedule, int rank, const std::function<n
         break;
       case ActionKind::Forward: {
         if (a.stage == 0) slot.input = step.inputs.at(a.micro_batch);
-        const bool recompute = a.micro_batch < step.recompute_below, last = a.stage == S - 1;
+        const bool last = a.stage == S - 1;
+        slot.recompute = a.micro_batch < step.recompute_below && !backward_comes_next(actions, index);
         std::optional<NoGradGuard> no_grad;
-        if (recompute) {
-          slot.generator_offset = default_generator(here).offset();
+        if (slot.recompute) {
+          slot.generator_offsets.clear();
+          for (Generator* g : stage_generators(stage(a.stage), here)) slot.generator_offsets.push_back(g->offset());
           no_grad.emplace();
         }
         forward(stage(a.stage), a, last, step, slot);
         if (last) {
           step.losses[a.micro_batch] = slot.loss.detach();
           step.outputs[a.micro_batch] = slot.output.detach();
-          if (recompute) slot.output = Tensor(), slot.loss = Tensor();  // made again in the backward
+          if (slot.recompute) slot.output = Tensor(), slot.loss = Tensor();  // made again in the backward
         }
         break;
       }
       case ActionKind::SendForward:
         transport.send(a, slot.output.detach());
-        if (a.micro_batch < step.recompute_below) slot.output = Tensor();  // made again in the backward
+        if (slot.recompute) slot.output = Tensor();  // made again in the backward
         break;
       case ActionKind::RecvBackward:
         slot.grad_output = transport.recv(a, here);
         break;
       case ActionKind::Backward:
-        if (a.micro_batch < step.recompute_below) forward_again(stage(a.stage), a, a.stage == S - 1, here, step, slot);
+        if (slot.recompute) forward_again(stage(a.stage), a, a.stage == S - 1, here, step, slot);
         if (a.stage == S - 1) slot.loss.backward();
         else if (slot.output.requires_grad()) slot.output.backward(slot.grad_output);
         slot.output = Tensor(), slot.grad_output = Tensor(), slot.loss = Tensor();  // the activations go

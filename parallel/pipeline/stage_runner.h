@@ -13,13 +13,17 @@
 //
 // Activation checkpointing (GPipe's re-materialisation, torchgpipe's `checkpoint`): the
 // micro-batches below StageStep::recompute_below run their forward without gradients and
-// keep only their input; their backward runs the forward again with gradients, then goes
-// on as any other. A stage then holds one micro-batch's activations at a time, not one per
-// micro-batch in flight, for about one more forward per micro-batch. The second forward
-// draws the same random numbers as the first (the stage device's default generator is set
-// back to where the first started, then to where it was; a generator of a layer's own is
-// not), and what it does to the stage's buffers is undone (BatchNorm counts each micro-batch
-// once, as without recomputation): the results are those of the plain pipeline.
+// keep only their input; their backward runs the forward again with gradients (a "recompute"
+// span in the trace), then goes on as any other. A stage then holds the activations of the
+// micro-batch whose backward runs, not of every micro-batch in flight, for one more forward
+// per micro-batch. A micro-batch whose backward is its rank's very next computation after its
+// forward (the last stage's, under 1F1B) is not recomputed: nothing would be saved. The second
+// forward draws the same random numbers as the first (the stage device's default generator
+// and any generator a Dropout layer holds of its own are set back to where the first forward
+// started them, then to where they were), and the buffers it writes are put back as the first
+// forward left them (BatchNorm counts each micro-batch once): the results are those of the
+// plain pipeline, bit for bit. The rewind assumes that nothing else draws from those
+// generators during the step (Pipeline runs one thread per device).
 #pragma once
 
 #include <functional>
@@ -51,9 +55,11 @@ class Transport {
 // first n % m one longer); an error when n < m.
 std::vector<int64_t> micro_batch_sizes(int64_t n, int m);
 
-// The micro-batches of m that a pipeline's activation_checkpointing option recomputes, as
-// torchgpipe's checkpoint modes: "never" none, "except_last" all but the last (whose backward
-// comes right after its forward in GPipe), "always" all. Another mode is an error naming it.
+// The micro-batches of m that a pipeline's activation_checkpointing option recomputes (those
+// below the answer), as torchgpipe's checkpoint modes: "never" none, "except_last" all but
+// the last (torchgpipe's default: there the last micro-batch's backward comes first; weft's
+// GPipe runs the backwards in forward order, so sparing it keeps its activations to the end),
+// "always" all. Another mode is an error naming it.
 int recomputed_micro_batches(const std::string& mode, int m);
 
 // One step's data for the stages of one rank.
