@@ -3,8 +3,9 @@
 // one device (2, 3 and 4 stages, 1, 4 and 7 micro-batches, every schedule, 20 steps; an
 // MLP, ConvNet and ResNet as Sequentials), activation memory bounded by the micro-batches
 // in flight, plain model parallelism (seed 002's two-device model), errors that name the
-// stage, state_dict names, one trace span per action, and the multi-process form (ranks
-// started as processes, tests/pipeline_worker.cpp) against one device.
+// stage, state_dict names, one trace span per action, the headers sent ahead of tensors, and
+// the multi-process form (ranks started as processes, tests/pipeline_worker.cpp) against one
+// device, alone and as two pipelines replicated over data-parallel groups.
 #include "test_util.h"
 
 #include <filesystem>

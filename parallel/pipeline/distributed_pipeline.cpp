@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <exception>
-#include <optional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -175,7 +175,7 @@ void DistributedPipeline::check_ranks_agree(size_t layers) const {
   std::vector<Tensor> all;
   for (int r = 0; r < group_->size(); ++r) all.push_back(zeros({static_cast<int64_t>(mine.size())}, on_device));
   group_->all_gather(all, local)->wait();
-  static const char* fields[] = {"layers",      "micro_batches", "virtual_stages", "schedule", "balance_by given",
+  static const char* fields[] = {"layers", "micro_batches", "virtual_stages", "schedule", "balance_by given",
                                  "balance entries"};
   constexpr size_t kFields = sizeof(fields) / sizeof(fields[0]);
   for (int r = 0; r < group_->size(); ++r) {

@@ -12,10 +12,10 @@
 //
 // Every rank must build the same model with the same options (checked at construction: an
 // error names the first field and the ranks that differ). Stage s lives on rank s % R of the
-// group's R ranks (one stage per rank, or virtual_stages
-// per rank with the interleaved schedule), split from the Sequential as Pipeline splits it
-// (balance; or balance_by, which rank 0 alone measures and sends to the others, since measured
-// times differ between processes; or even by layer count). Each rank keeps its stages' layers, moved to its device,
+// group's R ranks (one stage per rank, or virtual_stages per rank with the interleaved
+// schedule), split from the Sequential as Pipeline splits it (balance; or balance_by, which
+// rank 0 alone measures and sends to the others, since measured times differ between
+// processes; or even by layer count). Each rank keeps its stages' layers, moved to its device,
 // as its children under the Sequential's names (its state_dict holds its own layers), and
 // runs its list of the schedule's actions; activations and gradients travel with the group's
 // send and recv (each preceded by a small header with the dtype and shape, so the receiver

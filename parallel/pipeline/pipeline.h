@@ -12,9 +12,10 @@
 // Stages: the Sequential's layers in order, `balance[k]` of them on stage k (torchgpipe's
 // balance), or as `balance_by` measures them (balance.h: by_time(sample) evens out the
 // layers' forward and backward times), or spread as evenly as the layer count allows when
-// neither is given. Stage s
-// lives on devices[s % devices.size()]: one stage per device, or `virtual_stages` per
-// device for the interleaved schedule. The layers are the Sequential's own (moved to their
+// neither is given. Stage s lives on devices[s % devices.size()]: one stage per device, or
+// `virtual_stages` per device for the interleaved schedule. `activation_checkpointing`
+// trades a second forward for the activations held between forward and backward
+// (stage_runner.h). The layers are the Sequential's own (moved to their
 // stage's device), so the Pipeline's state_dict() has the Sequential's names: checkpoints
 // go from a pipeline to one device and back.
 //

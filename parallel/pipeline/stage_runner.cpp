@@ -55,14 +55,14 @@ void forward_again(nn::Module& stage, const Action& a, bool last, Device device,
   struct Restore {
     std::vector<Generator*> generators = {};
     std::vector<uint64_t> offsets = {};
-    std::vector<Tensor> buffers = {}, kept = {};
+    std::vector<Tensor> buffers = {}, kept = {};  // kept[i]: buffers[i] before the forward
     std::vector<uint32_t> versions = {};
     ~Restore() {
-      for (size_t i = 0; i < generators.size(); ++i) generators[i]->set_offset(offsets[i]);
+      for (size_t i = 0; i < offsets.size(); ++i) generators[i]->set_offset(offsets[i]);
       NoGradGuard no_grad;
       // Only the buffers written: one that the backward reads as saved (BatchNorm's statistics
       // in evaluation) must keep its version.
-      for (size_t i = 0; i < buffers.size(); ++i)
+      for (size_t i = 0; i < kept.size(); ++i)
         if (buffers[i].version() != versions[i]) buffers[i].copy_(kept[i]);
     }
   } restore{.generators = stage_generators(stage, device), .buffers = stage.buffers()};
