@@ -1,6 +1,7 @@
 // ReLU, GELU, Dropout, Flatten: thin layers over the functional ops.
 #include "nn/activation.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "kernels/dropout.h"
@@ -17,6 +18,15 @@ Dropout::Dropout(double p, Generator* gen) : Cloneable("Dropout"), p_(p), gen_(g
 }
 
 Tensor Dropout::forward(const Tensor& input) { return dropout(input, p_, is_training(), gen_); }
+
+std::vector<Generator*> forward_generators(const Module& module, Device device) {
+  std::vector<Generator*> generators{&default_generator(device)};
+  for (const auto& [name, child] : module.named_modules())
+    if (const auto* dropout = dynamic_cast<const Dropout*>(child); dropout && dropout->generator())
+      if (std::find(generators.begin(), generators.end(), dropout->generator()) == generators.end())
+        generators.push_back(dropout->generator());
+  return generators;
+}
 
 std::string Dropout::extra_repr() const {
   std::ostringstream out;

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include <vector>
+
 #include "core/generator.h"
 #include "nn/module.h"
 
@@ -41,6 +43,12 @@ class Dropout : public Cloneable<Dropout> {
   double p_;
   Generator* gen_;
 };
+
+// The generators that `module`'s forward on `device` may draw from: the device's default
+// generator, then each generator of its own that a Dropout in the tree holds (once each). What
+// rewinds a forward's random numbers (a pipeline's recomputation) or leaves them untouched (a
+// measurement) saves and restores these.
+std::vector<Generator*> forward_generators(const Module& module, Device device);
 
 // Flattens dims start_dim..end_dim into one (a view when the strides allow it).
 class Flatten : public Cloneable<Flatten> {

@@ -118,6 +118,14 @@ TEST_CASE("layer_times: one time per layer, measured on a copy that leaves the m
     CHECK_CLOSE(after[i].second, kept[i], 0, 0);
   }
   for (const Tensor& p : model->parameters()) CHECK(!p.grad().defined());
+  // Dropout draws from the device's generator or from one of its own: both as they were.
+  Generator own(4);
+  auto dropping = std::make_shared<nn::Sequential>(
+      std::make_shared<nn::Linear>(8, 8), std::make_shared<nn::Dropout>(0.5), std::make_shared<nn::Dropout>(0.5, &own));
+  const uint64_t device_offset = default_generator(kCPU).offset(), own_offset = own.offset();
+  layer_times(*dropping, test::random({4, 8}, DType::Float32), kCPU, 2);
+  CHECK(default_generator(kCPU).offset() == device_offset);
+  CHECK(own.offset() == own_offset);
   CHECK_THROWS_WITH(layer_times(*model, Tensor(), kCPU), Contains("no sample"));
   CHECK_THROWS_WITH(layer_times(*model, test::random({4, 1, 8, 8}), kCPU, 0), Contains("at least one round, got 0"));
   {

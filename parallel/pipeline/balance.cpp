@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/generator.h"
 #include "core/stream.h"
+#include "nn/activation.h"
 
 namespace weft::parallel::pipeline {
 
@@ -35,9 +36,15 @@ std::vector<double> layer_times(const nn::Sequential& model, const Tensor& sampl
   WEFT_CHECK(sample.defined(), "layer_times: no sample (give one micro-batch's input)");
   WEFT_CHECK(!model.empty(), "layer_times: the Sequential has no layers");
   WEFT_CHECK(GradMode::is_enabled(), "layer_times: gradients are off (a NoGradGuard); it times backward too");
-  // What the layers draw (dropout) comes back to the device's generator afterwards.
-  Generator& generator = default_generator(device);
-  const uint64_t offset = generator.offset();
+  // What the layers draw (dropout) goes back to their generators afterwards, also on an error.
+  struct Rewind {
+    std::vector<Generator*> generators;
+    std::vector<uint64_t> offsets = {};
+    ~Rewind() {
+      for (size_t i = 0; i < offsets.size(); ++i) generators[i]->set_offset(offsets[i]);
+    }
+  } rewind{nn::forward_generators(model, device)};
+  for (Generator* g : rewind.generators) rewind.offsets.push_back(g->offset());
   std::vector<double> medians;
   Tensor x = sample.to(device);
   for (const auto& [name, original] : model.named_children()) {
@@ -58,7 +65,6 @@ std::vector<double> layer_times(const nn::Sequential& model, const Tensor& sampl
     medians.push_back(median(times));
     x = out.detach();
   }
-  generator.set_offset(offset);
   return medians;
 }
 

@@ -13,10 +13,10 @@
 // layer_times copies the layers to `device` one at a time (a pipeline's model need not fit one
 // device), runs `rounds` forward and backward passes of each on what the layers before it
 // made of `sample` (one warm-up first), and takes each layer's median. The model itself, its
-// gradients and its buffers (BatchNorm's statistics) are left as they were, and so is the
-// device's default generator (what dropout draws). The layers keep the model's mode: train()
-// it first to time what training runs. As in a pipeline, the first layer's input gets no
-// gradient and every other layer's does; a layer's backward starts from a gradient of ones.
+// gradients and its buffers (BatchNorm's statistics) are left as they were, and so are the
+// generators dropout draws from (nn::forward_generators). The layers keep the model's mode:
+// train() it first to time what training runs. As in a pipeline, the first layer's input gets
+// no gradient and every other layer's does; a layer's backward starts from a gradient of ones.
 //
 // balance_by_cost is exact: of all the ways to cut the layers into `stages` runs of at
 // least one layer, it takes one whose largest run costs least; of those, the most even one

@@ -1,7 +1,6 @@
 // run_stage_actions: one rank's actions of a schedule; see stage_runner.h.
 #include "parallel/pipeline/stage_runner.h"
 
-#include <algorithm>
 #include <optional>
 
 #include "core/autograd.h"
@@ -36,17 +35,6 @@ void forward(nn::Module& stage, const Action& a, bool last, StageStep& step, Slo
   slot.loss = mul(loss, weight);
 }
 
-// The generators a stage's forward may draw from: the device's default, and those of its own
-// that Dropout layers hold.
-std::vector<Generator*> stage_generators(const nn::Module& stage, Device device) {
-  std::vector<Generator*> generators{&default_generator(device)};
-  for (const auto& [name, module] : stage.named_modules())
-    if (const auto* dropout = dynamic_cast<const nn::Dropout*>(module); dropout && dropout->generator())
-      if (std::find(generators.begin(), generators.end(), dropout->generator()) == generators.end())
-        generators.push_back(dropout->generator());
-  return generators;
-}
-
 // A recomputed micro-batch's second forward, with gradients: its generators start where the
 // first forward's did, and go on afterwards from where they were; the buffers it writes
 // (BatchNorm's statistics in training) are put back as the first forward left them. Both
@@ -65,14 +53,14 @@ void forward_again(nn::Module& stage, const Action& a, bool last, Device device,
       for (size_t i = 0; i < kept.size(); ++i)
         if (buffers[i].version() != versions[i]) buffers[i].copy_(kept[i]);
     }
-  } restore{.generators = stage_generators(stage, device), .buffers = stage.buffers()};
+  } restore{.generators = nn::forward_generators(stage, device), .buffers = stage.buffers()};
   for (size_t i = 0; i < restore.generators.size(); ++i) {
     restore.offsets.push_back(restore.generators[i]->offset());
     restore.generators[i]->set_offset(slot.generator_offsets.at(i));
   }
   for (const Tensor& b : restore.buffers) {
-    restore.kept.push_back(b.clone());
     restore.versions.push_back(b.version());
+    restore.kept.push_back(b.clone());
   }
   TraceSpan span("recompute", device);
   span.arg("stage", a.stage).arg("micro_batch", a.micro_batch);
@@ -132,7 +120,8 @@ void run_stage_actions(const Schedule& schedule, int rank, const std::function<n
         std::optional<NoGradGuard> no_grad;
         if (slot.recompute) {
           slot.generator_offsets.clear();
-          for (Generator* g : stage_generators(stage(a.stage), here)) slot.generator_offsets.push_back(g->offset());
+          for (Generator* g : nn::forward_generators(stage(a.stage), here))
+            slot.generator_offsets.push_back(g->offset());
           no_grad.emplace();
         }
         forward(stage(a.stage), a, last, step, slot);
