@@ -291,18 +291,29 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
       options.local_sgd_warmup = c.local_sgd_warmup;
       return std::make_shared<train::DistributedStrategy>(options);
     }
-    case train::ParallelMode::Pipeline:
+    case train::ParallelMode::Pipeline: {
+      const int virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1;
+      std::shared_ptr<train::Strategy> strategy;
       if (across_processes(mode))
-        return std::make_shared<train::DistributedPipelineStrategy>(train::DistributedPipelineStrategyOptions{
+        strategy = std::make_shared<train::DistributedPipelineStrategy>(train::DistributedPipelineStrategyOptions{
             .device = devices[0], .backend = "", .micro_batches = c.microbatches, .schedule = c.schedule,
-            .virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1,
-            .balance = balance_list(c), .balance_by = balance_by(c, train_set),
+            .virtual_stages = virtual_stages, .balance = balance_list(c), .balance_by = balance_by(c, train_set),
             .activation_checkpointing = c.activation_checkpointing});
-      return std::make_shared<train::PipelineStrategy>(train::PipelineStrategyOptions{
-          .devices = devices, .micro_batches = c.microbatches, .schedule = c.schedule,
-          .virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1,
-          .balance = balance_list(c), .balance_by = balance_by(c, train_set),
-          .activation_checkpointing = c.activation_checkpointing});
+      else
+        strategy = std::make_shared<train::PipelineStrategy>(train::PipelineStrategyOptions{
+            .devices = devices, .micro_batches = c.microbatches, .schedule = c.schedule,
+            .virtual_stages = virtual_stages, .balance = balance_list(c), .balance_by = balance_by(c, train_set),
+            .activation_checkpointing = c.activation_checkpointing});
+      // Every rank alike, so none waits for another: the stages are the devices (or ranks)
+      // times the stages on each.
+      const size_t stages = static_cast<size_t>(strategy->world_size() * virtual_stages);
+      const size_t given = balance_list(c).size();
+      WEFT_CHECK(given == 0 || given == stages, "--balance ", c.balance, " gives ", given, " stages' layers; the ",
+                 "pipeline has ", stages, " stages (", strategy->world_size(),
+                 across_processes(mode) ? " ranks" : " devices", " x ", virtual_stages, " per ",
+                 across_processes(mode) ? "rank" : "device", ")");
+      return strategy;
+    }
   }
   WEFT_FAIL("weft-train: no strategy for mode ", train::parallel_mode_name(mode));
 }

@@ -46,6 +46,8 @@ expect_failure "--balance: must be positive integers separated by commas (e.g. 1
   --data synthetic --mode pipeline --balance 0,4
 expect_failure "balance puts 3 layers in stages; the Sequential has 4" --data synthetic --mode pipeline \
   --devices cpu:0,cpu:1 --balance 1,2
+expect_failure "--balance 1,1,2 gives 3 stages' layers; the pipeline has 2 stages (2 devices x 1 per device)" \
+  --data synthetic --mode pipeline --devices cpu:0,cpu:1 --balance 1,1,2
 expect_failure "a MLP cannot be split into stages" --data synthetic --model mlp --mode pipeline
 # Two ranks whatever the machine (without --devices, a machine with one GPU has one rank).
 expect_failure "must be a multiple of the ranks" --data synthetic --mode pipeline --devices cpu:0,cpu:1 \

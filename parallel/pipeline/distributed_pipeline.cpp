@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -67,8 +68,10 @@ class GroupTransport final : public Transport {
     WEFT_CHECK(data.dim() <= kMaxHeaderDims, "pipeline: ", send.str(), " sends a ", data.dim(),
                "-d tensor; stages may pass at most ", kMaxHeaderDims, "-d tensors between ranks");
     Tensor head = tensor_header(data, data.device());
-    // The sends done so far let go of their tensors: a recomputed micro-batch's output
-    // (stage_runner.h) should not outlive its message. A failed one stays for finish().
+    // The sends known to be done let go of their tensors: a recomputed micro-batch's output
+    // (stage_runner.h) should not outlive its message. NCCL's sends say so as soon as their
+    // event has passed; Gloo's only once waited for, so over Gloo they stay until finish(). A
+    // failed one stays for finish() to report.
     std::erase_if(in_flight_, [](const auto& s) { return s.first->is_completed() && !s.first->exception(); });
     in_flight_.emplace_back(group_.send(head, dst, tag(id, 0)), head);
     in_flight_.emplace_back(group_.send(data, dst, tag(id, 1)), data);
@@ -160,14 +163,20 @@ DistributedPipeline::DistributedPipeline(std::shared_ptr<nn::Sequential> model, 
 
 void DistributedPipeline::check_ranks_agree(size_t layers) const {
   // What every rank must share, as numbers: layers, micro-batches, stages per rank, the
-  // schedule (by its built-in index), whether balance_by is given, and the balance (up to 8
-  // stages' worth).
-  const char* names[] = {"gpipe", "1f1b", "interleaved"};
-  int64_t schedule = -1;
-  for (int i = 0; i < 3; ++i)
-    if (options_.schedule == names[i]) schedule = i;
+  // schedule and the activation checkpointing mode (by their index among the known ones, -1
+  // for another), whether balance_by is given, and the balance (up to 8 stages' worth).
+  auto index_of = [](const std::string& name, std::initializer_list<const char*> known) {
+    int64_t i = 0;
+    for (const char* k : known) {
+      if (name == k) return i;
+      ++i;
+    }
+    return int64_t{-1};
+  };
+  const int64_t schedule = index_of(options_.schedule, {"gpipe", "1f1b", "interleaved"});
+  const int64_t recompute = index_of(options_.activation_checkpointing, {"never", "except_last", "always"});
   std::vector<int64_t> mine{static_cast<int64_t>(layers), options_.micro_batches, options_.virtual_stages, schedule,
-                            options_.balance_by ? 1 : 0, static_cast<int64_t>(options_.balance.size())};
+                            recompute, options_.balance_by ? 1 : 0, static_cast<int64_t>(options_.balance.size())};
   for (size_t k = 0; k < 8; ++k)
     mine.push_back(k < options_.balance.size() ? static_cast<int64_t>(options_.balance[k]) : -1);
   const TensorOptions on_device(DType::Int64, options_.device);
@@ -175,8 +184,8 @@ void DistributedPipeline::check_ranks_agree(size_t layers) const {
   std::vector<Tensor> all;
   for (int r = 0; r < group_->size(); ++r) all.push_back(zeros({static_cast<int64_t>(mine.size())}, on_device));
   group_->all_gather(all, local)->wait();
-  static const char* fields[] = {"layers", "micro_batches", "virtual_stages", "schedule", "balance_by given",
-                                 "balance entries"};
+  static const char* fields[] = {"layers", "micro_batches", "virtual_stages", "schedule", "activation_checkpointing",
+                                 "balance_by given", "balance entries"};
   constexpr size_t kFields = sizeof(fields) / sizeof(fields[0]);
   for (int r = 0; r < group_->size(); ++r) {
     const std::vector<int64_t> theirs = all[r].to(kCPU).to_vector<int64_t>();

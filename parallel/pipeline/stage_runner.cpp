@@ -37,21 +37,31 @@ void forward(nn::Module& stage, const Action& a, bool last, StageStep& step, Slo
 
 // A recomputed micro-batch's second forward, with gradients: its generators start where the
 // first forward's did, and go on afterwards from where they were; the buffers it writes
-// (BatchNorm's statistics in training) are put back as the first forward left them. Both
-// also when the forward throws.
+// (BatchNorm's statistics in training) are put back as the first forward left them. Both also
+// when the forward throws (then quietly: a destructor must not throw while another error
+// unwinds).
 void forward_again(nn::Module& stage, const Action& a, bool last, Device device, StageStep& step, Slot& slot) {
   struct Restore {
     std::vector<Generator*> generators = {};
     std::vector<uint64_t> offsets = {};
     std::vector<Tensor> buffers = {}, kept = {};  // kept[i]: buffers[i] before the forward
     std::vector<uint32_t> versions = {};
-    ~Restore() {
+    bool done = false;
+    void operator()() {
+      done = true;
       for (size_t i = 0; i < offsets.size(); ++i) generators[i]->set_offset(offsets[i]);
       NoGradGuard no_grad;
       // Only the buffers written: one that the backward reads as saved (BatchNorm's statistics
       // in evaluation) must keep its version.
       for (size_t i = 0; i < kept.size(); ++i)
         if (buffers[i].version() != versions[i]) buffers[i].copy_(kept[i]);
+    }
+    ~Restore() {
+      if (done) return;
+      try {
+        (*this)();
+      } catch (...) {  // the error being unwound is the one to report
+      }
     }
   } restore{.generators = nn::forward_generators(stage, device), .buffers = stage.buffers()};
   for (size_t i = 0; i < restore.generators.size(); ++i) {
@@ -65,6 +75,7 @@ void forward_again(nn::Module& stage, const Action& a, bool last, Device device,
   TraceSpan span("recompute", device);
   span.arg("stage", a.stage).arg("micro_batch", a.micro_batch);
   forward(stage, a, last, step, slot);
+  restore();
 }
 
 // Whether rank's Forward at `index` is followed, as the rank's next computation, by the same
