@@ -21,6 +21,7 @@
 #include <iomanip>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include <weft.h>
 
@@ -59,6 +60,31 @@ int count_differing(const nn::NamedTensors& got, const nn::NamedTensors& want, i
 // this process, uninterrupted, is the reference: the epochs' losses, the validation, and the
 // whole model and optimizer state that every rank holds at the end must agree with it. The
 // checkpoint must therefore have held every rank's stages and optimizer state.
+Tensor cross_entropy_of(const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }
+
+// Step s's batch of n samples (8 features, 10 classes), the same on every rank.
+std::pair<Tensor, Tensor> batch_of_step(int s, int64_t n, Device device) {
+  Generator gen(1000 + s);
+  Tensor x = randn({n, 8}, TensorOptions(DType::Float64), &gen).to(device);
+  return {x, randint(0, 10, {n}, DType::Int64, &gen).to(device)};
+}
+
+// One step of the reference model on the whole batch; its loss.
+double reference_step(nn::Module& reference, optim::SGD& sgd, const Tensor& x, const Tensor& y) {
+  sgd.zero_grad();
+  Tensor loss = cross_entropy_of(reference.forward(x), y);
+  loss.backward();
+  sgd.step();
+  return loss.item();
+}
+
+// 1, with a FAIL line, when a pipeline's loss at step s is not the reference's.
+int loss_differs(int rank, int s, double got, double want) {
+  if (std::abs(got - want) <= 1e-10 * (1 + std::abs(want))) return 0;
+  std::cout << "FAIL: rank " << rank << ": step " << s << " loss " << got << ", expected " << want << std::endl;
+  return 1;
+}
+
 int scenario_loop(const std::string& phase, const std::string& optimizer, const std::string& schedule,
                   int micro_batches, int virtual_stages, const std::string& checkpoint) {
   const Device device = test::worker_device();
@@ -166,11 +192,10 @@ int scenario_buffers() {
   auto model = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &weights);
   pipeline::DistributedPipeline pipe(model->as_sequential(), default_group_ptr(),
                                      {.device = device, .micro_batches = 2});
-  auto criterion = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
   for (int s = 0; s < 2; ++s) {
     Generator gen(50 + s);
     Tensor x = randn({6, 1, 12, 12}, DType::Float32, &gen).to(device);
-    pipe.step(x, randint(0, 10, {6}, DType::Int64, &gen).to(device), criterion);
+    pipe.step(x, randint(0, 10, {6}, DType::Int64, &gen).to(device), cross_entropy_of);
   }
   int failures = 0;
   auto counts = [&] {
@@ -260,27 +285,19 @@ int scenario_two_dimensions() {
                                      {.device = device, .micro_batches = 2, .schedule = "1f1b"});
   optim::SGD sgd_ref(reference->parameters(), optim::SGDOptions{0.05, 0.9});
   optim::SGD sgd_pipe(pipe.parameters(), optim::SGDOptions{0.05, 0.9});
-  auto criterion = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
   int failures = 0;
   for (int s = 0; s < 10; ++s) {
-    Generator gen(1000 + s);
-    Tensor x = randn({16, 8}, TensorOptions(DType::Float64), &gen).to(device);
-    Tensor y = randint(0, 10, {16}, DType::Int64, &gen).to(device);
-    sgd_ref.zero_grad();
-    Tensor expected = criterion(reference->forward(x), y);
-    expected.backward();
-    sgd_ref.step();
+    const auto [x, y] = batch_of_step(s, 16, device);
+    const double expected = reference_step(*reference, sgd_ref, x, y);
     sgd_pipe.zero_grad();
-    const pipeline::StepResult result = pipe.step(x.narrow(0, 8 * replica, 8), y.narrow(0, 8 * replica, 8), criterion);
+    const pipeline::StepResult result =
+        pipe.step(x.narrow(0, 8 * replica, 8), y.narrow(0, 8 * replica, 8), cross_entropy_of);
     average_gradients(pipe.parameters(), *replica_group);
     sgd_pipe.step();
     if (pipe.holds_stage(1)) {
       Tensor loss = result.loss.detach().clone();
       replica_group->all_reduce(loss, ReduceOp::Avg)->wait();
-      const double got = loss.item(), want = expected.item();
-      if (std::abs(got - want) > 1e-10 * (1 + std::abs(want)))
-        std::cout << "FAIL: rank " << rank << ": step " << s << " loss " << got << ", expected " << want << std::endl,
-            ++failures;
+      failures += loss_differs(rank, s, loss.item(), expected);
     }
   }
   failures += count_differing(pipe.named_parameters(), reference->named_parameters(), rank);
@@ -364,25 +381,15 @@ int main(int argc, char** argv) {
                                         .activation_checkpointing = activation_checkpointing});
     optim::SGD sgd_ref(reference->parameters(), optim::SGDOptions{0.05, 0.9});
     optim::SGD sgd_pipe(pipe.parameters(), optim::SGDOptions{0.05, 0.9});
-    auto criterion = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
     trace::start();  // to count the forwards that ran again
     for (int s = 0; s < 20; ++s) {
-      Generator gen(1000 + s);
-      Tensor x = randn({13, 8}, TensorOptions(DType::Float64), &gen).to(device);
-      Tensor y = randint(0, 10, {13}, DType::Int64, &gen).to(device);
-      sgd_ref.zero_grad();
-      Tensor expected = criterion(reference->forward(x), y);
-      expected.backward();
-      sgd_ref.step();
+      const auto [x, y] = batch_of_step(s, 13, device);
+      const double expected = reference_step(*reference, sgd_ref, x, y);
       sgd_pipe.zero_grad();
-      pipeline::StepResult result = pipe.step(x, y, criterion);
+      pipeline::StepResult result = pipe.step(x, y, cross_entropy_of);
       sgd_pipe.step();
       if (pipe.holds_stage(pipe.num_stages() - 1)) {
-        const double got = result.loss.item(), want = expected.item();
-        if (std::abs(got - want) > 1e-10 * (1 + std::abs(want))) {
-          std::cout << "FAIL: rank " << rank << ": step " << s << " loss " << got << ", expected " << want << std::endl;
-          ++failures;
-        }
+        failures += loss_differs(rank, s, result.loss.item(), expected);
       } else if (result.loss.defined()) {
         std::cout << "FAIL: rank " << rank << " returned a loss without the last stage" << std::endl;
         ++failures;
