@@ -66,6 +66,7 @@
 #include "parallel/pipeline/balance.h"
 #include "parallel/pipeline/distributed_pipeline.h"
 #include "parallel/pipeline/pipeline.h"
+#include "parallel/pipeline/pipeline_mesh.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/post_localsgd_hook.h"
 #include "parallel/post_localsgd_optimizer.h"

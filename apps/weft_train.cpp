@@ -62,6 +62,7 @@ struct Config {
   int64_t local_sgd = 0, local_sgd_warmup = 0;  // --local-sgd's period (0: plain DDP) and warm-up
   int epochs = 3, workers = 0, nproc = 0, nnodes = 1, node_rank = 0, master_port = 0;
   int microbatches = 4, virtual_stages = 0;  // 0: 2 with the interleaved schedule, else 1
+  int replicas = 1;  // --mode pipeline across processes: pipelines side by side, each its share of the data
   std::string schedule = "1f1b";
   std::string balance;  // --balance: layers per stage ("1,3"), "time", or "" (by layer count)
   std::string activation_checkpointing = "never";
@@ -270,9 +271,11 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
                                               const std::vector<Device>& devices, const data::Dataset& train_set) {
   WEFT_CHECK(mode == train::ParallelMode::Pipeline || (c.microbatches == 4 && c.schedule == "1f1b" &&
                                                        c.virtual_stages == 0 && c.balance.empty() &&
-                                                       c.activation_checkpointing == "never"),
-             "--microbatches, --schedule, --virtual-stages, --balance and --activation-checkpointing are for --mode "
-             "pipeline");
+                                                       c.activation_checkpointing == "never" && c.replicas == 1),
+             "--microbatches, --schedule, --virtual-stages, --balance, --activation-checkpointing and --replicas are "
+             "for --mode pipeline");
+  WEFT_CHECK(c.replicas == 1 || across_processes(mode), "--replicas is for --mode pipeline across processes (--nproc, "
+             "or started by weft-run, torchrun, srun or mpirun): each replica is a pipeline of its own ranks");
   WEFT_CHECK(!c.sync_bn || mode == train::ParallelMode::DistributedDataParallel,
              "--sync-bn is for --mode ddp (it synchronises BatchNorm across processes, one device each)");
   WEFT_CHECK(!c.given.count("comm-hook") || mode == train::ParallelMode::DistributedDataParallel,
@@ -298,19 +301,20 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
         strategy = std::make_shared<train::DistributedPipelineStrategy>(train::DistributedPipelineStrategyOptions{
             .device = devices[0], .backend = "", .micro_batches = c.microbatches, .schedule = c.schedule,
             .virtual_stages = virtual_stages, .balance = balance_list(c), .balance_by = balance_by(c, train_set),
-            .activation_checkpointing = c.activation_checkpointing});
+            .activation_checkpointing = c.activation_checkpointing, .replicas = c.replicas});
       else
         strategy = std::make_shared<train::PipelineStrategy>(train::PipelineStrategyOptions{
             .devices = devices, .micro_batches = c.microbatches, .schedule = c.schedule,
             .virtual_stages = virtual_stages, .balance = balance_list(c), .balance_by = balance_by(c, train_set),
             .activation_checkpointing = c.activation_checkpointing});
-      // Every rank alike, so none waits for another: the stages are the devices (or ranks)
-      // times the stages on each.
-      const size_t stages = static_cast<size_t>(strategy->world_size() * virtual_stages);
+      // Every rank alike, so none waits for another: the stages are the devices (or a
+      // replica's ranks) times the stages on each.
+      const int places = strategy->world_size() / c.replicas;
+      const size_t stages = static_cast<size_t>(places * virtual_stages);
       const size_t given = balance_list(c).size();
       WEFT_CHECK(given == 0 || given == stages, "--balance ", c.balance, " gives ", given, " stages' layers; the ",
-                 "pipeline has ", stages, " stages (", strategy->world_size(),
-                 across_processes(mode) ? " ranks" : " devices", " x ", virtual_stages, " per ",
+                 "pipeline has ", stages, " stages (", places, across_processes(mode) ? " ranks" : " devices",
+                 c.replicas > 1 ? " of each replica" : "", " x ", virtual_stages, " per ",
                  across_processes(mode) ? "rank" : "device", ")");
       return strategy;
     }
@@ -389,6 +393,10 @@ void check_flags(const Config& c) {
              "gradient crosses after the warm-up); leave --comm-hook out");
   WEFT_CHECK(!c.given.count("nproc") || c.mode == "ddp" || c.mode == "pipeline", "--nproc is for --mode ddp or "
              "pipeline (the processes to start, one per device)");
+  WEFT_CHECK(!c.given.count("replicas") || c.mode == "pipeline", "--replicas is for --mode pipeline (replicas of "
+             "a pipeline across processes)");
+  WEFT_CHECK(c.replicas == 1 || c.nproc == 0 || c.nproc % c.replicas == 0, "--replicas ", c.replicas, " needs "
+             "--nproc to be a multiple of it (replicas x ranks per pipeline), got --nproc ", c.nproc);
   WEFT_CHECK(c.mode != "pipeline" || !c.given.count("nproc") || c.devices.empty(), "--mode pipeline takes --nproc "
              "(a stage per process) or --devices (a stage per device of one process), not both");
 }
@@ -495,6 +503,9 @@ int run(Config c) {
                                          (c.activation_checkpointing == "never"
                                               ? ""
                                               : ", activation checkpointing " + c.activation_checkpointing) +
+                                         (c.replicas > 1 ? ", " + std::to_string(c.replicas) + " replicas of " +
+                                                               std::to_string(ranks / c.replicas) + " ranks"
+                                                         : "") +
                                          ")"
                                    : "";
   const std::string where = across_processes(mode)
@@ -583,11 +594,17 @@ int main(int argc, char** argv) {
                  "--mode pipeline: which micro-batches keep only their inputs and run their forward again in the "
                  "backward, for memory: never (default), except_last or always")
       ->check(CLI::IsMember({"never", "except_last", "always"}));
+  app.add_option("--replicas", c.replicas,
+                 "--mode pipeline across processes: R replicas of a pipeline of (ranks / R) ranks, each training on "
+                 "its own share of the data (--batch-size per replica), their stages' gradients averaged after "
+                 "each backward: pipeline x data parallelism (default 1)")
+      ->check(flags::positive_integer());
   app.add_option("--virtual-stages", c.virtual_stages,
                  "--mode pipeline --schedule interleaved: stages per device (default 2 with interleaved)")
       ->check(flags::positive_integer());
   app.add_option("--epochs", c.epochs, "epochs to train (in total, when resuming)")->check(flags::positive_integer());
-  app.add_option("--batch-size", c.batch_size, "samples per batch (per rank in ddp, as PyTorch's per-process loader)")
+  app.add_option("--batch-size", c.batch_size,
+                 "samples per batch (per rank in ddp, as PyTorch's per-process loader; per replica with --replicas)")
       ->check(flags::integer<int64_t>(1, std::numeric_limits<int64_t>::max(), "a positive integer"));
   app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   app.add_option("--lr", c.lr, "learning rate (resuming: replaces the checkpoint's)")->check(flags::positive_number());

@@ -8,8 +8,8 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/trace.h"
-#include "kernels/shape_ops.h"
 #include "parallel/distributed.h"
+#include "parallel/model_averaging.h"
 #include "parallel/text_collectives.h"
 
 namespace weft::parallel {
@@ -78,28 +78,7 @@ void DistributedDataParallel::check_same_parameters_on_every_rank() const {
 }
 
 void DistributedDataParallel::broadcast_from(const std::vector<Tensor>& tensors, int root) const {
-  if (group_->size() == 1 || tensors.empty()) return;
-  NoGradGuard no_grad;
-  // One flat broadcast per (dtype, device): few messages instead of one per tensor.
-  std::vector<bool> done(tensors.size(), false);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (done[i]) continue;
-    std::vector<size_t> group;
-    for (size_t j = i; j < tensors.size(); ++j)
-      if (!done[j] && tensors[j].dtype() == tensors[i].dtype() && tensors[j].device() == tensors[i].device()) {
-        group.push_back(j);
-        done[j] = true;
-      }
-    std::vector<Tensor> pieces;
-    for (size_t j : group) pieces.push_back(tensors[j].detach().reshape({-1}));
-    Tensor flat = cat(pieces).contiguous();
-    group_->broadcast(flat, root)->wait();
-    int64_t offset = 0;
-    for (size_t j : group) {
-      tensors[j].detach().copy_(flat.narrow(0, offset, tensors[j].numel()).view(tensors[j].shape()));
-      offset += tensors[j].numel();
-    }
-  }
+  broadcast_tensors(tensors, *group_, root);
 }
 
 bool DistributedDataParallel::syncs_buffers() const {

@@ -44,6 +44,25 @@ void average_gradients(const std::vector<Tensor>& params, ProcessGroup& group) {
   average_parameters(grads, group);
 }
 
+void broadcast_tensors(const std::vector<Tensor>& tensors, ProcessGroup& group, int root) {
+  if (group.size() == 1 || tensors.empty()) return;
+  NoGradGuard no_grad;
+  // One flat broadcast per (dtype, device): few messages instead of one per tensor.
+  std::vector<bool> done(tensors.size(), false);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (done[i]) continue;
+    std::vector<Tensor> same;
+    for (size_t j = i; j < tensors.size(); ++j)
+      if (!done[j] && tensors[j].dtype() == tensors[i].dtype() && tensors[j].device() == tensors[i].device()) {
+        same.push_back(tensors[j]);
+        done[j] = true;
+      }
+    Tensor flat = detail::flatten(same);
+    group.broadcast(flat, root)->wait();
+    detail::unflatten_into(flat, same);
+  }
+}
+
 void ModelAverager::set_step(int64_t step) {
   WEFT_CHECK(step >= 0, "ModelAverager::set_step: the step count must be >= 0, got ", step);
   step_ = step;

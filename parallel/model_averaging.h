@@ -44,6 +44,12 @@ void average_parameters(const std::vector<Tensor>& params, ProcessGroup& group);
 // dimensions"). Every parameter must have a gradient (an error names the first without).
 void average_gradients(const std::vector<Tensor>& params, ProcessGroup& group);
 
+// Every rank's `tensors` replaced by rank `root`'s (of `group`), without recording autograd:
+// how replicas start equal (DDP's construction, its buffers before each forward, a replicated
+// pipeline's stages). One broadcast per dtype and device; every rank of the group gives the
+// same shapes in the same order. A collective; over a group of one it returns at once.
+void broadcast_tensors(const std::vector<Tensor>& tensors, ProcessGroup& group, int root);
+
 // What PostLocalSGDOptimizer drives: called once per optimizer step, it decides whether
 // this step averages. step() counts the calls so far (saved with the optimizer's state).
 class ModelAverager {

@@ -9,7 +9,7 @@
 namespace weft::test {
 
 // Four Linear layers with ReLUs between (7 layers), float64.
-inline std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed, int64_t width = 16) {
+inline std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed, int64_t width = 16, int64_t classes = 10) {
   Generator gen(seed);
   const TensorOptions f64(DType::Float64);
   auto seq = std::make_shared<nn::Sequential>();
@@ -19,7 +19,7 @@ inline std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed, int64_t width = 1
     seq->push_back(std::make_shared<nn::Linear>(width, width, true, f64, &gen));
   }
   seq->push_back(std::make_shared<nn::ReLU>());
-  seq->push_back(std::make_shared<nn::Linear>(width, 10, true, f64, &gen));
+  seq->push_back(std::make_shared<nn::Linear>(width, classes, true, f64, &gen));
   return seq;
 }
 

@@ -206,9 +206,21 @@ TEST_CASE("nccl: a pipeline TrainLoop resumed on another number of CUDA ranks eq
   // the outputs, the stages and the optimizer state broadcast as CUDA tensors over NCCL.
   const std::string checkpoint = (std::filesystem::temp_directory_path() /
                                   ("weft_nccl_pipeline_loop_" + std::to_string(::getpid()) + ".st")).string();
-  test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "loop", "first", "adam", "1f1b", "4", "1", checkpoint},
-                                         nccl_rank_envs(2), std::chrono::seconds(240)));
-  test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "loop", "rest", "adam", "gpipe", "2", "1", checkpoint},
-                                         nccl_rank_envs(3), std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes(
+      {WEFT_PIPELINE_WORKER, "loop", "first", "adam", "1f1b", "4", "1", checkpoint, "1"}, nccl_rank_envs(2),
+      std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes(
+      {WEFT_PIPELINE_WORKER, "loop", "rest", "adam", "gpipe", "2", "1", checkpoint, "1"}, nccl_rank_envs(3),
+      std::chrono::seconds(240)));
+  // Replicated (Note [Replicated pipelines in the TrainLoop]): 2 pipelines of 2 CUDA ranks, their
+  // gradients averaged over NCCL sub-groups, resumed as 2 replicas of one rank.
+  test::check_all_ok(test::run_processes(
+      {WEFT_PIPELINE_WORKER, "loop", "first", "sgd", "1f1b", "2", "1", checkpoint, "2"}, nccl_rank_envs(4),
+      std::chrono::seconds(240)));
+  test::check_all_ok(test::run_processes(
+      {WEFT_PIPELINE_WORKER, "loop", "rest", "sgd", "gpipe", "2", "1", checkpoint, "2"}, nccl_rank_envs(2),
+      std::chrono::seconds(240)));
+  test::check_all_ok(
+      test::run_processes({WEFT_PIPELINE_WORKER, "replica-buffers"}, nccl_rank_envs(4), std::chrono::seconds(240)));
   std::filesystem::remove(checkpoint);
 }

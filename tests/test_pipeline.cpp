@@ -284,6 +284,18 @@ TEST_CASE("pipeline: bad input and a failing stage give errors naming what is wr
   auto reference = test::make_mlp(1);
   CHECK_CLOSE(pipe.step(x3, y, cross_entropy_loss).loss.to(kCPU), cross_entropy(reference->forward(x3), y).detach(),
               1e-12, 1e-12);
+  // Interleaved: as many micro-batches as fill a multiple of the devices (2 for 3 samples), and
+  // a batch smaller than the devices is an error that says so.
+  Pipeline interleaved(test::make_mlp(1), {.devices = test::cpu_devices(2), .micro_batches = 4,
+                                           .schedule = "interleaved", .virtual_stages = 2});
+  CHECK_CLOSE(interleaved.step(x3, y, cross_entropy_loss).loss.to(kCPU),
+              cross_entropy(reference->forward(x3), y).detach(), 1e-12, 1e-12);
+  CHECK_THROWS_WITH(interleaved.step(x3.narrow(0, 0, 1), y.narrow(0, 0, 1), cross_entropy_loss),
+                    Contains("the interleaved schedule over 2 ranks needs a multiple of 2 micro-batches of at least "
+                             "one sample each, but a batch has 1 samples"));
+  CHECK(micro_batches_for_batch("interleaved", 2, 4, 7) == 4);
+  CHECK(micro_batches_for_batch("interleaved", 3, 6, 5) == 3);
+  CHECK(micro_batches_for_batch("gpipe", 2, 4, 3) == 3);
   Pipeline own(test::make_mlp(1), {.devices = test::cpu_devices(2), .micro_batches = 4});
   own.set_schedule(one_f_one_b(2, 4));
   CHECK_THROWS_WITH(own.step(x3, y, cross_entropy_loss), Contains("a batch of 3 cannot be split into 4 micro-batches"));
@@ -359,28 +371,86 @@ TEST_CASE("distributed pipeline: a TrainLoop resumed on another number of ranks 
     MESSAGE("skipped: weft was built without Gloo");
     return;
   }
-  // Note [A pipeline TrainLoop resumed on other ranks] (tests/pipeline_worker.cpp).
+  // Note [A pipeline TrainLoop resumed on other ranks] (tests/pipeline_worker.cpp), then pipelines
+  // replicated (Note [Replicated pipelines in the TrainLoop]): 2 pipelines of 2 stages resumed
+  // as 4 replicas of one stage, and 2 replicas of one stage resumed as 2 interleaved pipelines.
   struct Phase {
     int ranks;
     std::vector<std::string> args;  // phase, optimizer, schedule, micro-batches, stages per rank
+    std::string replicas;
   };
   const std::string checkpoint =
       (std::filesystem::temp_directory_path() / ("weft_pipeline_loop_" + std::to_string(::getpid()) + ".st")).string();
   for (const auto& [first, rest] :
-       {std::pair{Phase{2, {"first", "sgd", "1f1b", "4", "1"}}, Phase{3, {"rest", "sgd", "gpipe", "2", "1"}}},
-        std::pair{Phase{3, {"first", "adam", "interleaved", "3", "2"}},
-                  Phase{2, {"rest", "adam", "1f1b", "4", "1"}}}}) {
+       {std::pair{Phase{2, {"first", "sgd", "1f1b", "4", "1"}, "1"}, Phase{3, {"rest", "sgd", "gpipe", "2", "1"}, "1"}},
+        std::pair{Phase{3, {"first", "adam", "interleaved", "3", "2"}, "1"},
+                  Phase{2, {"rest", "adam", "1f1b", "4", "1"}, "1"}},
+        std::pair{Phase{4, {"first", "sgd", "1f1b", "2", "1"}, "2"}, Phase{4, {"rest", "sgd", "gpipe", "3", "1"}, "4"}},
+        std::pair{Phase{2, {"first", "adam", "1f1b", "4", "1"}, "2"},
+                  Phase{4, {"rest", "adam", "interleaved", "2", "2"}, "2"}}}) {
     for (const Phase& phase : {first, rest}) {
       std::vector<std::string> argv{WEFT_PIPELINE_WORKER, "loop"};
       argv.insert(argv.end(), phase.args.begin(), phase.args.end());
       argv.push_back(checkpoint);
+      argv.push_back(phase.replicas);
+      argv.push_back(first.replicas);  // the checkpoint's
       CAPTURE(phase.ranks);
       CAPTURE(phase.args[0]);
       CAPTURE(phase.args[1]);
-      test::check_all_ok(test::run_ranks(argv, phase.ranks, std::chrono::seconds(120)));
+      CAPTURE(phase.replicas);
+      const auto outcomes = test::run_ranks(argv, phase.ranks, std::chrono::seconds(120));
+      test::check_all_ok(outcomes);
+      if (phase.args[0] == "rest")
+        for (const auto& outcome : outcomes)
+          CHECK_MESSAGE(outcome.output.find("(" + phase.replicas + " replicas) matches one device") !=
+                            std::string::npos,
+                        outcome.output);
     }
   }
   std::filesystem::remove(checkpoint);
+}
+
+TEST_CASE("replicated pipelines: every replica ends an epoch with replica 0's BatchNorm statistics") {
+  if (!parallel::gloo_available()) return;
+  const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-buffers"}, 4, std::chrono::seconds(120));
+  test::check_all_ok(outcomes);
+  for (const auto& outcome : outcomes)
+    CHECK_MESSAGE(outcome.output.find("tensors equal on every rank") != std::string::npos, outcome.output);
+}
+
+TEST_CASE("replicated pipelines: replicas that build different stages fail at construction, naming the tensor") {
+  if (!parallel::gloo_available()) return;
+  const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-mismatch"}, 4, std::chrono::seconds(60));
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
+    // Position 1's ranks say how their stages differ; position 0's that position 1's do.
+    const std::string said =
+        r >= 2 ? "the replicas of pipeline position 1 hold different stages: on rank 0, stage 1 6.weight [10, 16] "
+                 "float64; on rank 1, stage 1 6.weight [12, 16] float64"
+               : "the replicas of pipeline position 1 hold different stages (the errors of those ranks say how";
+    CHECK_MESSAGE(outcomes[r].output.find(said) != std::string::npos, outcomes[r].output);
+  }
+}
+
+TEST_CASE("replicated pipelines: a pipeline whose ranks disagree on their counts fails every rank") {
+  if (!parallel::gloo_available()) return;
+  const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-counts"}, 4, std::chrono::seconds(60));
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
+    const std::string said = r % 2 == 1 ? "the ranks of a pipeline disagree on counts they hold alike"
+                                        : "the ranks of 1 other pipeline disagree on the counts of their batches";
+    CHECK_MESSAGE(outcomes[r].output.find(said) != std::string::npos, outcomes[r].output);
+  }
+}
+
+TEST_CASE("replicated pipelines: balance_by measures once, on rank 0, for every replica") {
+  if (!parallel::gloo_available()) return;
+  const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-balance"}, 4, std::chrono::seconds(60));
+  test::check_all_ok(outcomes);
+  for (const auto& outcome : outcomes)
+    CHECK_MESSAGE(outcome.output.find("split 1+6 as rank 0 answered") != std::string::npos, outcome.output);
 }
 
 TEST_CASE("distributed pipeline: broadcast_stages carries BatchNorm's statistics and counts to every rank") {

@@ -517,8 +517,8 @@ TEST_CASE("ranks that would start fit() at different points are stopped before t
   auto loader = std::make_shared<data::DataLoader>(blobs(64, 1), data::DataLoaderOptions{.batch_size = 16});
   train::TrainLoop loop(r.model, loader, nullptr, nullptr, r.optimizer,
                         [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); }, options);
-  CHECK_THROWS_WITH(loop.fit(1), doctest::Contains("rank 1 starts after epoch 0 + 0 samples, but the 2 ranks start on "
-                                                   "average after epoch 0.5 + 0 samples: every rank must resume from "
+  CHECK_THROWS_WITH(loop.fit(1), doctest::Contains("rank 1 starts after epoch 0 + 0 samples, but the job's ranks start "
+                                                   "on average after epoch 0.5 + 0 samples: every rank must resume from "
                                                    "the same checkpoint"));
   CHECK(strategy->steps == 0);
 }

@@ -38,7 +38,7 @@ expect_failure "not a safetensors file" --data synthetic --model mlp --resume "$
 expect_failure "training diverged: the loss is nan in epoch 1" --data synthetic --model mlp --lr 100 --epochs 1 \
   --no-progress --checkpoint "$dir/diverged.st"
 [ ! -e "$dir/diverged.st" ] || { echo "FAIL: a diverged run wrote a checkpoint"; exit 1; }
-pipeline_only="--microbatches, --schedule, --virtual-stages, --balance and --activation-checkpointing are for --mode"
+pipeline_only="--microbatches, --schedule, --virtual-stages, --balance, --activation-checkpointing and --replicas are for --mode"
 expect_failure "$pipeline_only pipeline" --data synthetic --schedule gpipe
 expect_failure "$pipeline_only pipeline" --data synthetic --balance time
 expect_failure "$pipeline_only pipeline" --data synthetic --activation-checkpointing always
@@ -57,6 +57,11 @@ expect_failure "device cpu:1 is given twice" --data synthetic --mode dp --device
 expect_failure "--mode dp takes --devices" --data synthetic --mode dp --device cpu:0
 expect_failure "--devices is for --mode dp" --data synthetic --devices cpu:0,cpu:1
 expect_failure "--nproc is for --mode ddp or pipeline" --data synthetic --nproc 2
+expect_failure "--replicas is for --mode pipeline" --data synthetic --mode ddp --replicas 2
+expect_failure "--replicas 3 needs --nproc to be a multiple of it" --data synthetic --mode pipeline --nproc 4 \
+  --replicas 3
+expect_failure "--replicas is for --mode pipeline across processes" --data synthetic --mode pipeline \
+  --devices cpu:0,cpu:1 --replicas 2
 expect_failure "--mode pipeline takes --nproc (a stage per process) or --devices" --data synthetic --mode pipeline \
   --nproc 2 --devices cpu:0,cpu:1
 expect_failure "$dir/nowhere/t.json" --data synthetic --trace "$dir/nowhere/t.json"
@@ -342,6 +347,24 @@ awk -v a="$conv_accuracy" -v b="$pipe2_accuracy" 'BEGIN { d = a - b; if (d < 0) 
   grep -q "resumed from .* after epoch 1" "$dir/from_pipe2.log" ||
   { echo "FAIL: single from a pipeline --nproc 2 checkpoint:"; cat "$dir/from_pipe2.log"; exit 1; }
 
+# --mode pipeline --nproc 4 --replicas 2: two pipelines of two ranks, each on its half of the
+# data (50 samples a batch each), their stages' gradients averaged: the job trains as ddp over
+# two ranks of 50 does (the same samples, the same gradients up to rounding), so the losses agree
+# to a thousandth; the metrics count all four ranks.
+conv50=(--data synthetic --model convnet --batch-size 50 --seed 1 --no-progress)
+"$train" "${conv50[@]}" --epochs 1 --mode pipeline --nproc 4 --replicas 2 --master-port "$(free_port)" \
+  --metrics-json "$dir/pipe_dp.json" > "$dir/pipe_dp.log" 2>&1 ||
+  { echo "FAIL: --mode pipeline --nproc 4 --replicas 2:"; cat "$dir/pipe_dp.log"; exit 1; }
+"$train" "${conv50[@]}" --epochs 1 --mode ddp --nproc 2 --master-port "$(free_port)" \
+  --metrics-json "$dir/conv_ddp.json" > "$dir/conv_ddp.log" 2>&1 ||
+  { echo "FAIL: convnet --mode ddp --nproc 2:"; cat "$dir/conv_ddp.log"; exit 1; }
+grep -q "pipeline over 4 ranks (cpu:0 each) (1f1b, 4 micro-batches, layers per stage 2+2, 2 replicas of 2 ranks)" \
+  "$dir/pipe_dp.log" && [ "$(value "$dir/pipe_dp.json" world_size)" = 4 ] ||
+  { echo "FAIL: replicated pipeline metrics:"; cat "$dir/pipe_dp.log" "$dir/pipe_dp.json"; exit 1; }
+pipe_dp_loss=$(value "$dir/pipe_dp.json" final_loss) conv_ddp_loss=$(value "$dir/conv_ddp.json" final_loss)
+awk -v a="$pipe_dp_loss" -v b="$conv_ddp_loss" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-3) }' ||
+  { echo "FAIL: the replicated pipeline's loss $pipe_dp_loss is not ddp's $conv_ddp_loss"; exit 1; }
+
 # A rank killed in the middle of an epoch: weft-run stops the other within 30 s and names it.
 "$train" --data synthetic --model mlp --epochs 50 --batch-size 20 --no-progress --mode ddp --nproc 2 \
   --master-port "$(free_port)" \
@@ -366,4 +389,4 @@ grep -q "rank 1 (pid $victim) was killed by signal 9" "$dir/killed.log" ||
   { echo "FAIL: weft-run did not name the killed rank:"; cat "$dir/killed.log"; exit 1; }
 
 echo "weft-train: resume is byte-identical (single, ddp, after SIGKILLs: $mid_epoch_resumes of 7 restarts mid-epoch);" \
-  "metrics and errors as expected; dp accuracy $dp_accuracy, ddp $ddp_accuracy vs single $single_accuracy (${data[*]}); pipeline $pipe_accuracy (2 devices), $pipe2_accuracy (2 processes) vs single $conv_accuracy (convnet, synthetic)"
+  "metrics and errors as expected; dp accuracy $dp_accuracy, ddp $ddp_accuracy vs single $single_accuracy (${data[*]}); pipeline $pipe_accuracy (2 devices), $pipe2_accuracy (2 processes) vs single $conv_accuracy (convnet, synthetic); replicated pipeline loss $pipe_dp_loss vs ddp $conv_ddp_loss"

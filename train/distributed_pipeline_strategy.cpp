@@ -9,9 +9,11 @@
 #include "core/error.h"
 #include "core/trace.h"
 #include "parallel/distributed.h"
+#include "parallel/model_averaging.h"
 #include "parallel/optimizer_state_gather.h"
 #include "parallel/pipeline/tensor_header.h"
 #include "parallel/post_localsgd_optimizer.h"
+#include "parallel/text_collectives.h"
 #include "parallel/zero_redundancy_optimizer.h"
 #include "train/launch.h"
 #include "train/pipeline_strategy.h"
@@ -36,21 +38,68 @@ DistributedPipelineStrategy::DistributedPipelineStrategy(DistributedPipelineStra
     : options_(std::move(options)) {
   device_ = join_job(options_.device, options_.backend);
   group_ = parallel::default_group_ptr();
+  mesh_ = parallel::pipeline::pipeline_mesh(options_.replicas);
 }
 
 std::shared_ptr<nn::Module> DistributedPipelineStrategy::prepare(std::shared_ptr<nn::Module> model) {
   pipeline_ = std::make_shared<parallel::pipeline::DistributedPipeline>(
-      pipeline_sequential(model), group_,
+      pipeline_sequential(model), mesh_.pipeline,
       parallel::pipeline::DistributedPipelineOptions{.device = device_,
                                                      .balance = options_.balance,
                                                      .balance_by = options_.balance_by,
+                                                     // replicas: one measurement for all of them
+                                                     .balance_group = mesh_.replicas_group ? group_ : nullptr,
                                                      .micro_batches = options_.micro_batches,
                                                      .schedule = options_.schedule,
                                                      .virtual_stages = options_.virtual_stages,
                                                      .activation_checkpointing = options_.activation_checkpointing});
   for (int s = 0; s < pipeline_->num_stages(); ++s)
     for (const Tensor& p : pipeline_->stage(s).parameters()) owners_[p.impl()] = pipeline_->schedule().rank_of(s);
+  for (const Tensor& p : pipeline_->parameters())
+    if (p.requires_grad()) averaged_.push_back(p);  // frozen ones have no gradient to average
+  start_replicas_equal();
   return pipeline_;
+}
+
+void DistributedPipelineStrategy::start_replicas_equal() const {
+  if (!mesh_.replicas_group) return;
+  // The replicas of this rank's stages must hold the same tensors, or averaging their gradients
+  // would mix unrelated ones (or wait for a message of another size).
+  std::vector<std::string> lines;
+  std::vector<Tensor> state;
+  for (int s = 0; s < pipeline_->num_stages(); ++s) {
+    if (!pipeline_->holds_stage(s)) continue;
+    for (const auto& [name, t] : pipeline_->stage(s).state_dict()) {
+      lines.push_back("stage " + std::to_string(s) + " " + name + " " + t.shape().str() + " " +
+                      std::string(dtype_name(t.dtype())));
+      state.push_back(t);
+    }
+  }
+  const auto difference = parallel::first_difference_across_ranks(*mesh_.replicas_group, lines, device_);
+  // Every rank hears of a difference at any position: the positions whose replicas agree would
+  // otherwise wait for the others in their next collective.
+  const int positions = group_->size() / mesh_.replicas;
+  std::vector<double> differs(static_cast<size_t>(positions), 0.0);
+  differs[static_cast<size_t>(mesh_.position)] = difference ? 1.0 : 0.0;
+  Tensor flags = tensor(differs).to(device_);
+  group_->all_reduce(flags, parallel::ReduceOp::Max)->wait();
+  if (difference)
+    WEFT_FAIL(kWho, ": the replicas of pipeline position ", mesh_.position, " hold different stages: ", *difference,
+              " (ranks counted within the replica group, where rank d is replica d; every rank must build the same "
+              "model and options)");
+  std::string elsewhere;
+  const std::vector<double> any = flags.to(kCPU).to_vector<double>();
+  for (int p = 0; p < positions; ++p)
+    if (any[static_cast<size_t>(p)] != 0) elsewhere += (elsewhere.empty() ? "" : ", ") + std::to_string(p);
+  WEFT_CHECK(elsewhere.empty(), kWho, ": the replicas of pipeline position ", elsewhere, " hold different stages "
+             "(the errors of those ranks say how; every rank must build the same model and options)");
+  parallel::broadcast_tensors(state, *mesh_.replicas_group, 0);
+}
+
+std::shared_ptr<data::DataLoader> DistributedPipelineStrategy::shard(std::shared_ptr<data::DataLoader> loader,
+                                                                      bool training) {
+  if (mesh_.replicas == 1) return loader;
+  return shard_loader(*loader, training, mesh_.replicas, mesh_.replica);
 }
 
 parallel::pipeline::DistributedPipeline& DistributedPipelineStrategy::pipeline() const {
@@ -72,6 +121,10 @@ Tensor DistributedPipelineStrategy::train_step(nn::Module& model, const data::Ba
   auto& pipe = as_pipeline(model);
   optimizer.zero_grad();
   const parallel::pipeline::StepResult result = pipe.step(batch.data, batch.target, criterion);
+  if (mesh_.replicas_group) {
+    TraceSpan span("average gradients", device_);
+    parallel::average_gradients(averaged_, *mesh_.replicas_group);
+  }
   {
     TraceSpan span("optimizer step", device_);
     optimizer.step();
@@ -80,7 +133,7 @@ Tensor DistributedPipelineStrategy::train_step(nn::Module& model, const data::Ba
   NoGradGuard no_grad;
   Tensor loss = result.loss.defined() ? result.loss.detach().to(DType::Float64).contiguous()
                                       : zeros({}, TensorOptions(DType::Float64, device_));
-  group_->broadcast(loss, pipe.schedule().rank_of(pipe.num_stages() - 1))->wait();
+  mesh_.pipeline->broadcast(loss, pipe.schedule().rank_of(pipe.num_stages() - 1))->wait();
   return loss;
 }
 
@@ -92,46 +145,68 @@ Tensor DistributedPipelineStrategy::broadcast_from_last_stage(const Tensor& t) c
   const int root = pipeline_->schedule().rank_of(pipeline_->num_stages() - 1);
   // The root's header says -1 dims when it has no output to send, and every rank says so.
   const bool sendable = t.defined() && t.dim() <= parallel::pipeline::kMaxHeaderDims;
-  Tensor head = parallel::pipeline::tensor_header(rank() == root ? t : Tensor(), device_);
-  group_->broadcast(head, root)->wait();
-  const std::string who = std::string(kWho) + ": the last stage's output from rank " + std::to_string(root);
-  std::optional<Tensor> out = rank() == root ? (sendable ? std::optional<Tensor>(t.contiguous()) : std::nullopt)
-                                             : parallel::pipeline::empty_from_header(head, device_, who);
-  WEFT_CHECK(out.has_value(), kWho, ": the model's output on rank ", root, " (the last stage's) must be a tensor of at "
-             "most ", parallel::pipeline::kMaxHeaderDims, " dims",
-             rank() == root ? ", got " + (t.defined() ? t.shape().str() : "none") : "");
-  group_->broadcast(*out, root)->wait();
+  const bool at_root = mesh_.position == root;
+  Tensor head = parallel::pipeline::tensor_header(at_root ? t : Tensor(), device_);
+  mesh_.pipeline->broadcast(head, root)->wait();
+  const std::string who = std::string(kWho) + ": the last stage's output from pipeline rank " + std::to_string(root);
+  std::optional<Tensor> out = at_root ? (sendable ? std::optional<Tensor>(t.contiguous()) : std::nullopt)
+                                      : parallel::pipeline::empty_from_header(head, device_, who);
+  WEFT_CHECK(out.has_value(), kWho, ": the model's output on pipeline rank ", root, " (the last stage's) must be a "
+             "tensor of at most ", parallel::pipeline::kMaxHeaderDims, " dims",
+             at_root ? ", got " + (t.defined() ? t.shape().str() : "none") : "");
+  mesh_.pipeline->broadcast(*out, root)->wait();
   return *out;
 }
 
 Totals DistributedPipelineStrategy::reduce(const Totals& local) {
-  // The counts are every rank's alike: the maximum and the minimum must be them. The loss sum
-  // is the main process's, which a resumed epoch starts from the checkpoint's partial sum
-  // (train_loop.h); the other ranks' start from 0.
+  // The counts are alike on every rank of a pipeline: the maximum and the minimum over it must
+  // be them.
   const std::vector<double> counts{local.correct, local.samples, local.batches};
   std::vector<double> both = counts;
   for (double v : counts) both.push_back(-v);
   Tensor extremes = tensor(both).to(device_);
-  group_->all_reduce(extremes, parallel::ReduceOp::Max)->wait();
+  mesh_.pipeline->all_reduce(extremes, parallel::ReduceOp::Max)->wait();
   const std::vector<double> e = extremes.to(kCPU).to_vector<double>();
-  for (size_t i = 0; i < counts.size(); ++i) {
+  std::string disagreement;  // this pipeline's ranks', said to each of them
+  for (size_t i = 0; i < counts.size() && disagreement.empty(); ++i) {
     if (e[i] == -e[i + counts.size()]) continue;
     std::ostringstream out;
     for (size_t k = 0; k < counts.size(); ++k)
       out << (k ? ", " : "") << counts[k] << " (from " << -e[k + counts.size()] << " to " << e[k] << ")";
-    WEFT_FAIL(kWho, ": the ranks disagree on counts every rank holds alike (correct, samples, batches): rank ",
-              rank(), " has ", out.str(), " over the ranks. Every rank must run the same batches from the same "
-              "point: the same loaders and seed, resumed from the same checkpoint");
+    disagreement = "the ranks of a pipeline disagree on counts they hold alike (correct, samples, batches): rank " +
+                   std::to_string(rank()) + " has " + out.str() + " over its pipeline's ranks";
   }
-  Tensor loss = full({}, local.loss, TensorOptions(DType::Float64, device_));
-  group_->broadcast(loss, 0)->wait();
-  return {loss.item(), local.correct, local.samples, local.batches};
+  // Summed over the replicas (each its own samples); of the sums, the loss is the pipelines'
+  // first ranks': the main process's started from the checkpoint's partial sum (train_loop.h),
+  // the others' from 0. The last entry counts the pipelines that disagree: position 0's
+  // replicas, one rank of every pipeline, add them up, and every rank fails together.
+  Tensor sums = tensor(std::vector<double>{local.loss, local.correct, local.samples, local.batches,
+                                           disagreement.empty() ? 0.0 : 1.0})
+                    .to(device_);
+  if (mesh_.replicas_group) mesh_.replicas_group->all_reduce(sums, parallel::ReduceOp::Sum)->wait();
+  mesh_.pipeline->broadcast(sums, 0)->wait();
+  const std::vector<double> v = sums.to(kCPU).to_vector<double>();
+  const char* why = ". Every rank must run the same batches from the same point: the same loaders and seed, resumed "
+                    "from the same checkpoint";
+  WEFT_CHECK(disagreement.empty(), kWho, ": ", disagreement, why);
+  WEFT_CHECK(v[4] == 0, kWho, ": the ranks of ", v[4], v[4] == 1 ? " other pipeline" : " other pipelines",
+             " disagree on the counts of their batches (their errors say how)", why);
+  return {v[0], v[1], v[2], v[3]};
 }
 
 void DistributedPipelineStrategy::barrier() { group_->barrier()->wait(); }
 
 void DistributedPipelineStrategy::consolidate_replicas(optim::Optimizer& optimizer) {
   TraceSpan span("gather stages", device_);
+  if (mesh_.replicas_group) {
+    // Replica 0's buffers (BatchNorm's running statistics) in every replica, as DDP's rank 0's;
+    // the parameters and optimizer states are equal already.
+    std::vector<Tensor> buffers;
+    for (int s = 0; s < pipeline_->num_stages(); ++s)
+      if (pipeline_->holds_stage(s))
+        for (const Tensor& b : pipeline_->stage(s).buffers()) buffers.push_back(b);
+    parallel::broadcast_tensors(buffers, *mesh_.replicas_group, 0);
+  }
   pipeline().broadcast_stages();
   // This rank's entries of the optimizer's state: those of the parameters it steps, and the
   // hyperparameters. An optimizer over parameters that are not the model's is a problem every
@@ -148,7 +223,7 @@ void DistributedPipelineStrategy::consolidate_replicas(optim::Optimizer& optimiz
     if (split && split->first >= params.size() && problem.empty())
       problem = "the " + optimizer.name() + "'s state entry '" + key + "' names no parameter (it has " +
                 std::to_string(params.size()) + ")";
-    return !split || (split->first < params.size() && owner_of(params[split->first]) == rank());
+    return !split || (split->first < params.size() && owner_of(params[split->first]) == mesh_.pipeline->rank());
   };
   optim::OptimizerState own;
   for (const auto& [key, t] : state.tensors)
@@ -156,7 +231,7 @@ void DistributedPipelineStrategy::consolidate_replicas(optim::Optimizer& optimiz
   for (const auto& [key, value] : state.scalars)
     if (mine(key)) own.scalars[key] = value;
   const optim::OptimizerState whole = parallel::gather_optimizer_state(
-      *group_, own, std::nullopt, device_, std::string(kWho) + ".consolidate_replicas", problem);
+      *mesh_.pipeline, own, std::nullopt, device_, std::string(kWho) + ".consolidate_replicas", problem);
   optimizer.load_state_dict(whole);
 }
 

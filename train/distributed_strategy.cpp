@@ -8,7 +8,6 @@
 
 #include "core/error.h"
 #include "core/trace.h"
-#include "data/sampler.h"
 #include "parallel/comm_hooks.h"
 #include "parallel/distributed.h"
 #include "parallel/post_localsgd_optimizer.h"
@@ -143,16 +142,7 @@ parallel::DistributedDataParallel& DistributedStrategy::ddp() const {
 }
 
 std::shared_ptr<data::DataLoader> DistributedStrategy::shard(std::shared_ptr<data::DataLoader> loader, bool training) {
-  const int64_t n = static_cast<int64_t>(loader->dataset()->size());
-  data::DataLoaderOptions options = loader->options();
-  std::shared_ptr<data::Sampler> sampler;
-  if (training) {
-    sampler = std::make_shared<data::DistributedSampler>(n, world_size(), rank(), options.shuffle, options.seed);
-  } else {
-    sampler = std::make_shared<data::DistributedEvalSampler>(n, world_size(), rank());
-  }
-  options.shuffle = false;  // the sampler shuffles
-  return std::make_shared<data::DataLoader>(loader->dataset(), options, std::move(sampler));
+  return shard_loader(*loader, training, world_size(), rank());
 }
 
 Totals DistributedStrategy::reduce(const Totals& local) {

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/trace.h"
+#include "data/sampler.h"
 
 namespace weft::train {
 
@@ -40,6 +41,19 @@ Tensor Strategy::train_step(nn::Module& model, const data::Batch& batch, const C
   TraceSpan span("optimizer step", device);
   optimizer.step();
   return loss;
+}
+
+std::shared_ptr<data::DataLoader> shard_loader(const data::DataLoader& loader, bool training, int shards, int index) {
+  const int64_t n = static_cast<int64_t>(loader.dataset()->size());
+  data::DataLoaderOptions options = loader.options();
+  std::shared_ptr<data::Sampler> sampler;
+  if (training) {
+    sampler = std::make_shared<data::DistributedSampler>(n, shards, index, options.shuffle, options.seed);
+  } else {
+    sampler = std::make_shared<data::DistributedEvalSampler>(n, shards, index);
+  }
+  options.shuffle = false;  // the sampler shuffles
+  return std::make_shared<data::DataLoader>(loader.dataset(), options, std::move(sampler));
 }
 
 std::shared_ptr<nn::Module> SingleDevice::prepare(std::shared_ptr<nn::Module> model) {

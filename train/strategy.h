@@ -100,6 +100,12 @@ class Strategy {
   virtual void load_state_dict(const std::map<std::string, double>& state) {}
 };
 
+// Shard `index` of `shards` of a loader's samples: a loader over the same data and options with
+// a DistributedSampler when `training` (disjoint shares of each epoch, reshuffled by
+// set_epoch), a DistributedEvalSampler otherwise (every sample counted exactly once). How ddp
+// shards over its ranks and a replicated pipeline over its replicas.
+std::shared_ptr<data::DataLoader> shard_loader(const data::DataLoader& loader, bool training, int shards, int index);
+
 // The model runs on the device it is on; given a device, the model is moved there first.
 class SingleDevice final : public Strategy {
  public:

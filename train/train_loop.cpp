@@ -241,8 +241,8 @@ void TrainLoop::check_same_start() {
   const double epoch = epoch_, samples = static_cast<double>(epoch_samples_);
   const Totals all = strategy_->reduce({.correct = epoch, .samples = samples, .batches = 1});
   WEFT_CHECK(all.correct == all.batches * epoch && all.samples == all.batches * samples, "TrainLoop::fit: rank ",
-             strategy_->rank(), " starts after epoch ", epoch_, " + ", epoch_samples_, " samples, but the ",
-             all.batches, " ranks start on average after epoch ", all.correct / all.batches, " + ",
+             strategy_->rank(), " starts after epoch ", epoch_, " + ", epoch_samples_, " samples, but the job's ranks "
+             "start on average after epoch ", all.correct / all.batches, " + ",
              all.samples / all.batches, " samples: every rank must resume from the same checkpoint (is the file on "
              "storage that every rank sees?)");
 }

@@ -200,7 +200,8 @@ std::vector<size_t> DistributedPipeline::measured_balance(const nn::Sequential& 
   // [1, layers per stage...] from rank 0; [0, ...] when its measurement failed.
   std::vector<int64_t> message(static_cast<size_t>(stages) + 1, 0);
   std::exception_ptr failure;
-  if (group_->rank() == 0) {
+  ProcessGroup& measurers = options_.balance_group ? *options_.balance_group : *group_;
+  if (measurers.rank() == 0) {
     try {
       const std::vector<size_t> balance = options_.balance_by(model, stages, options_.device);
       WEFT_CHECK(balance.size() == static_cast<size_t>(stages), "DistributedPipeline: balance_by gave ",
@@ -212,7 +213,7 @@ std::vector<size_t> DistributedPipeline::measured_balance(const nn::Sequential& 
     }
   }
   Tensor sent = tensor(message, Shape{static_cast<int64_t>(message.size())}).to(options_.device);
-  group_->broadcast(sent, 0)->wait();
+  measurers.broadcast(sent, 0)->wait();
   if (failure) std::rethrow_exception(failure);
   message = sent.to(kCPU).to_vector<int64_t>();
   WEFT_CHECK(message[0] == 1, "DistributedPipeline: balance_by failed on rank 0, which measures the balance (its "
@@ -322,8 +323,24 @@ std::string DistributedPipeline::extra_repr() const {
   return out.str();
 }
 
+const Schedule& DistributedPipeline::schedule_for(const Tensor& input, const Tensor& target) {
+  const Tensor& known = input.defined() && input.dim() >= 1 ? input : target;
+  if (!known.defined() || known.dim() < 1) return schedule_;
+  if (schedule_.name != options_.schedule) return schedule_;
+  const int m = micro_batches_for_batch(options_.schedule, group_->size(), schedule_.num_micro_batches, known.size(0));
+  if (m == schedule_.num_micro_batches) return schedule_;
+  auto it = short_schedules_.find(m);
+  if (it == short_schedules_.end()) {
+    Schedule shorter = make_schedule(options_.schedule, group_->size(), m, options_.virtual_stages);
+    check_messages_in_order(shorter);  // the same pairs of ranks as the whole schedule's: connected
+    it = short_schedules_.emplace(m, std::move(shorter)).first;
+  }
+  return it->second;
+}
+
 StepResult DistributedPipeline::step(const Tensor& input, const Tensor& target, const Criterion& criterion) {
-  const int S = num_stages(), m = schedule_.num_micro_batches;
+  const Schedule& schedule = schedule_for(input, target);
+  const int S = num_stages(), m = schedule.num_micro_batches;
   StageStep data;
   data.criterion = &criterion;
   data.recompute_below = recomputed_micro_batches(options_.activation_checkpointing, m);
@@ -343,14 +360,14 @@ StepResult DistributedPipeline::step(const Tensor& input, const Tensor& target, 
     data.sizes = micro_batch_sizes(data.batch, m);
     data.targets = split(target.detach().to(options_.device), data.sizes);
   }
-  GroupTransport transport(*group_, schedule_);
+  GroupTransport transport(*group_, schedule);
   try {
     run_stage_actions(
-        schedule_, group_->rank(), [this](int s) -> nn::Module& { return *stages_[s]; },
+        schedule, group_->rank(), [this](int s) -> nn::Module& { return *stages_[s]; },
         [this](int) { return options_.device; }, transport, data);
     transport.finish();
   } catch (const std::exception& e) {
-    WEFT_FAIL("DistributedPipeline::step (schedule ", schedule_.name, ") on rank ", group_->rank(), ": ", e.what());
+    WEFT_FAIL("DistributedPipeline::step (schedule ", schedule.name, ") on rank ", group_->rank(), ": ", e.what());
   }
   if (!holds_stage(S - 1)) return {};
   NoGradGuard no_grad;

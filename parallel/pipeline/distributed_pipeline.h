@@ -27,16 +27,22 @@
 // before any step (Note [Connecting before the first step]).
 //
 // step() returns, on the last stage's rank, the batch's mean loss and the outputs (as
-// Pipeline::step); on the other ranks both are undefined. Gradients are those of the whole
-// batch's mean loss, as in one process. forward() is inference (torch.distributed.pipelining's
-// step without a target): the whole batch through the stages in turn, without gradients;
-// the output on the last stage's rank, undefined on the others.
+// Pipeline::step); on the other ranks both are undefined. A batch of fewer samples than
+// micro_batches (an epoch's short last batch) runs one sample per micro-batch under the same
+// built-in schedule (interleaved: a multiple of the ranks), as in Pipeline. For that every rank
+// must know the batch's size, so each rank must then pass the input or the target (the
+// TrainLoop's strategy passes both to every rank): a rank that passes neither runs the whole
+// schedule and waits for messages that do not come, until the group's timeout. Gradients are
+// those of the whole batch's mean loss, as in one process. forward() is inference
+// (torch.distributed.pipelining's step without a target): the whole batch through the stages
+// in turn, without gradients; the output on the last stage's rank, undefined on the others.
 //
 // Each rank trains its stages only; the rest of its copy of the model keeps the values it was
 // built with. broadcast_stages() makes every rank's copy the whole trained model, for a rank
 // that saves or evaluates it alone (the TrainLoop's checkpoints: train/distributed_pipeline_strategy.h).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +60,10 @@ struct DistributedPipelineOptions {
   Device device = kCPU;             // this rank's (a CUDA device with the nccl backend)
   std::vector<size_t> balance;      // layers per stage; empty: as even as possible
   Balancer balance_by;              // instead of balance: measured on rank 0 (balance.h)
+  // With balance_by: the group whose rank 0 measures and sends the balance to its other ranks
+  // (null: this pipeline's group). Replicas of a pipeline pass the whole job's, so that they
+  // split alike; every rank of it builds its pipeline with balance_by at the same time.
+  std::shared_ptr<ProcessGroup> balance_group;
   int micro_batches = 1;
   std::string schedule = "1f1b";    // gpipe, 1f1b or interleaved
   int virtual_stages = 1;           // stages per rank (interleaved)
@@ -91,9 +101,13 @@ class DistributedPipeline : public nn::Module {
   // All-gathers the model's layer count and the options; a rank that differs is an error
   // naming the field and both ranks (on every rank), instead of a wait for messages that never come.
   void check_ranks_agree(size_t layers) const;
-  // balance_by's result on rank 0, on every rank (a collective). When it fails on rank 0,
-  // every rank fails.
+  // balance_by's result on rank 0 of balance_group (else of the pipeline's group), on every rank
+  // of that group (a collective). When it fails on that rank 0, every rank fails.
   std::vector<size_t> measured_balance(const nn::Sequential& model, int stages) const;
+  // The schedule of a step on this batch: schedule_, or for a batch of fewer samples than
+  // micro_batches the built-in schedule of micro_batches_for_batch's count (made once per
+  // count). The size is the input's where this rank has it, else the target's.
+  const Schedule& schedule_for(const Tensor& input, const Tensor& target);
   // parallel::connect_peers for the pairs of ranks the schedule sends between.
   void connect_peers(const Schedule& schedule) const;
 
@@ -101,6 +115,7 @@ class DistributedPipeline : public nn::Module {
   DistributedPipelineOptions options_;
   std::vector<std::shared_ptr<nn::Sequential>> stages_;  // every stage; only this rank's are used
   Schedule schedule_;
+  std::map<int, Schedule> short_schedules_;  // by micro-batches: schedule_for's
 };
 
 }  // namespace weft::parallel::pipeline

@@ -131,10 +131,13 @@ StepResult Pipeline::step(const Tensor& input, const Tensor& target, const Crite
   WEFT_CHECK(input.dim() >= 1 && target.dim() >= 1 && input.size(0) == target.size(0), "Pipeline::step: input ",
              input.shape(), " and target ", target.shape(), " must have the same batch size (dim 0)");
   // A batch smaller than the micro-batches (an epoch's short last batch) runs as one
-  // micro-batch per sample, with the built-in schedule of that size.
-  const Schedule& schedule = input.size(0) < schedule_.num_micro_batches && schedule_.name == options_.schedule
-                                 ? short_schedule(static_cast<int>(input.size(0)))
-                                 : schedule_;
+  // micro-batch per sample (interleaved: a multiple of the devices), with the built-in
+  // schedule of that size.
+  const int fits = schedule_.name != options_.schedule
+                       ? schedule_.num_micro_batches
+                       : micro_batches_for_batch(options_.schedule, static_cast<int>(options_.devices.size()),
+                                                 schedule_.num_micro_batches, input.size(0));
+  const Schedule& schedule = fits == schedule_.num_micro_batches ? schedule_ : short_schedule(fits);
   const int m = schedule.num_micro_batches, S = num_stages(), R = schedule.num_ranks();
   StageStep data;
   data.batch = input.size(0);

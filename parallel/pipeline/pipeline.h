@@ -22,7 +22,7 @@
 // step(input, target, criterion): the batch is split along dim 0 into micro_batches parts
 // (torch.tensor_split: sizes differ by at most one; a batch smaller than that, such as an
 // epoch's short last batch, runs one sample per micro-batch under the same built-in schedule
-// for that many), the schedule runs with one host thread
+// for that many; interleaved: micro_batches_for_batch in schedule.h), the schedule runs with one host thread
 // per device (fork_join: on CUDA each stage's kernels go to its device's stream, ordered
 // with the next stage's by events; CPU logical devices compute at once), and the gradients
 // accumulate in the parameters. Each stage's forward input is its own leaf, its backward

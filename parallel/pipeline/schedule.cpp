@@ -272,6 +272,15 @@ Schedule make_schedule(const std::string& name, int ranks, int micro_batches, in
   WEFT_FAIL("pipeline schedule '", name, "': unknown (expected gpipe, 1f1b or interleaved)");
 }
 
+int micro_batches_for_batch(const std::string& name, int ranks, int micro_batches, int64_t batch) {
+  if (batch >= micro_batches) return micro_batches;
+  if (name != "interleaved") return static_cast<int>(std::max<int64_t>(batch, 1));
+  WEFT_CHECK(batch >= ranks, "pipeline: the interleaved schedule over ", ranks, " ranks needs a multiple of ", ranks,
+             " micro-batches of at least one sample each, but a batch has ", batch, " samples (an epoch's short "
+             "last batch? choose a batch size that leaves at least ", ranks, ", or drop_last)");
+  return static_cast<int>(batch / ranks * ranks);
+}
+
 void validate(const Schedule& s) {
   WEFT_CHECK(s.num_ranks() >= 1, "pipeline schedule '", s.name, "': no ranks");
   WEFT_CHECK(s.num_stages >= s.num_ranks() && s.num_stages % s.num_ranks() == 0, "pipeline schedule '", s.name,

@@ -66,6 +66,11 @@ Schedule one_f_one_b(int stages, int micro_batches);
 Schedule interleaved_one_f_one_b(int ranks, int virtual_stages, int micro_batches);
 // By name: "gpipe", "1f1b", "interleaved" (virtual_stages > 1 only for "interleaved").
 Schedule make_schedule(const std::string& name, int ranks, int micro_batches, int virtual_stages = 1);
+// The micro-batches the built-in schedule `name` runs a batch of `batch` samples in:
+// micro_batches, or for a batch with fewer samples (an epoch's short last batch) one sample
+// per micro-batch; under "interleaved", whose micro-batches are a multiple of the ranks, the
+// largest multiple of `ranks` that the batch fills (an error names a batch smaller than the ranks).
+int micro_batches_for_batch(const std::string& name, int ranks, int micro_batches, int64_t batch);
 
 // Adds the sends and receives a list of computations implies: RECV_F before each forward
 // of a stage > 0, SEND_F after each forward of a stage < S - 1, RECV_B before each backward

@@ -1,0 +1,39 @@
+// PipelineMesh: the default group's ranks as a grid of pipelines and their replicas (Megatron's
+// PP x DP; PyTorch's init_device_mesh with dimensions ("pp", "dp")).
+//
+//   init_process_group("gloo");                    // weft-run --nproc-per-node 4
+//   auto mesh = parallel::pipeline::pipeline_mesh(/*replicas=*/2);
+//   DistributedPipeline pipe(model, mesh.pipeline, {...});   // this rank's pipeline
+//   ... pipe.step(my share of the batch); average_gradients(pipe.parameters(), *mesh.replicas_group);
+//
+// R replicas of a pipeline of P ranks need R * P ranks. Rank r is position r / R of replica
+// r % R: the R replicas of a position are consecutive ranks (ranks 0 .. R-1 hold every
+// replica's first stages), and a pipeline's ranks are R apart (replica 0: ranks 0, R, 2R, ...).
+// This is Megatron's order: the data-parallel groups stay inside a machine, where the gradients'
+// all-reduce has the fastest links, and the pipeline's smaller point-to-point messages cross
+// machines. Rank 0 is replica 0's first stage.
+#pragma once
+
+#include <memory>
+
+#include "parallel/process_group.h"
+
+namespace weft::parallel::pipeline {
+
+struct PipelineMesh {
+  int replicas = 1;  // R
+  int replica = 0;   // this rank's replica: rank % R
+  int position = 0;  // this rank's place in its pipeline: rank / R (its rank in `pipeline`)
+  // This rank's pipeline: ranks replica, replica + R, ... (the default group when R is 1).
+  std::shared_ptr<ProcessGroup> pipeline;
+  // The ranks that hold the same stages as this rank, in every replica: ranks position * R ..
+  // position * R + R - 1, renumbered by replica. Null when R is 1 (nothing to average): a
+  // program that averages checks for it.
+  std::shared_ptr<ProcessGroup> replicas_group;
+};
+
+// The mesh over the default group (a collective: every rank calls it, with the same R). A
+// world size that R does not divide is an error naming both.
+PipelineMesh pipeline_mesh(int replicas);
+
+}  // namespace weft::parallel::pipeline
