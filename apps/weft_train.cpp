@@ -395,8 +395,9 @@ void check_flags(const Config& c) {
              "pipeline (the processes to start, one per device)");
   WEFT_CHECK(!c.given.count("replicas") || c.mode == "pipeline", "--replicas is for --mode pipeline (replicas of "
              "a pipeline across processes)");
-  WEFT_CHECK(c.replicas == 1 || c.nproc == 0 || c.nproc % c.replicas == 0, "--replicas ", c.replicas, " needs "
-             "--nproc to be a multiple of it (replicas x ranks per pipeline), got --nproc ", c.nproc);
+  WEFT_CHECK(c.replicas == 1 || c.nproc == 0 || (c.nproc * c.nnodes) % c.replicas == 0, "--replicas ", c.replicas,
+             " needs the job's ranks (--nproc x --nnodes) to be a multiple of it (replicas x ranks per pipeline), got ",
+             c.nproc * c.nnodes);
   WEFT_CHECK(c.mode != "pipeline" || !c.given.count("nproc") || c.devices.empty(), "--mode pipeline takes --nproc "
              "(a stage per process) or --devices (a stage per device of one process), not both");
 }

@@ -61,6 +61,19 @@ SequentialSampler::SequentialSampler(int64_t n) : n_(n) { check_size(n, "Sequent
 
 std::vector<int64_t> SequentialSampler::indices() const { return drop_front(iota(n_), start()); }
 
+std::string SequentialSampler::global_order() const {
+  return "the dataset's order of " + std::to_string(n_) + " samples";
+}
+
+std::string RandomSampler::global_order() const {
+  return "RandomSampler's order of " + std::to_string(n_) + " samples, seed " + std::to_string(seed_);
+}
+
+std::string DistributedSampler::global_order() const {
+  if (!shuffle_) return SequentialSampler(dataset_size_).global_order();
+  return "DistributedSampler's order of " + std::to_string(dataset_size_) + " samples, seed " + std::to_string(seed_);
+}
+
 RandomSampler::RandomSampler(int64_t n, uint64_t seed) : n_(n), seed_(seed) { check_size(n, "RandomSampler"); }
 
 std::vector<int64_t> RandomSampler::indices() const {

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace weft::data {
@@ -65,6 +66,11 @@ class Sampler {
   // serves one process, start() / num_replicas for DistributedSampler. The DataLoader numbers
   // the first batch after a start local_start() / batch_size, as an uninterrupted pass would.
   virtual int64_t local_start() const { return start_; }
+  // The epoch's global order, in words ("RandomSampler's order of 256 samples, seed 5"):
+  // samplers whose positions mean the same samples in every epoch say the same, whatever
+  // their world size. The TrainLoop records it in its checkpoints, to say when an epoch resumed
+  // part-way goes on in another order. "" for an order this cannot name (a custom sampler).
+  virtual std::string global_order() const { return ""; }
 
  protected:
   // What an overriding set_start calls: checks `consumed` >= 0 and records it.
@@ -82,6 +88,7 @@ class SequentialSampler : public Sampler {
   int64_t size() const override { return std::max<int64_t>(0, n_ - start()); }
   std::vector<int64_t> indices() const override;
   void set_start(int64_t consumed) override { record_start(consumed); }
+  std::string global_order() const override;
 
  private:
   int64_t n_;
@@ -96,6 +103,7 @@ class RandomSampler : public Sampler {
   int64_t size() const override { return std::max<int64_t>(0, n_ - start()); }
   std::vector<int64_t> indices() const override;
   void set_start(int64_t consumed) override { record_start(consumed); }
+  std::string global_order() const override;
 
  private:
   int64_t n_;
@@ -151,6 +159,8 @@ class DistributedSampler : public Sampler {
   std::vector<int64_t> indices() const override;
   void set_start(int64_t consumed) override { record_start(consumed); }
   int64_t local_start() const override { return start() / num_replicas_; }
+  // Without shuffle, SequentialSampler's.
+  std::string global_order() const override;
 
   int64_t num_samples() const;
   int64_t total_size() const { return num_samples() * num_replicas_; }

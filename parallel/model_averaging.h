@@ -3,7 +3,8 @@
 // (parallel/post_localsgd_hook.h) the ranks step on gradients that are not averaged over
 // every rank, so their parameters drift apart; an averager, called after each optimizer step
 // (or through PostLocalSGDOptimizer, parallel/post_localsgd_optimizer.h), all-reduces them
-// every few steps.
+// every few steps. broadcast_tensors makes replicas equal the other way, by giving them one
+// replica's values (DDP's start and its buffers, a replicated pipeline's stages).
 //
 //   PeriodicModelAverager averager(/*period=*/4, /*warmup_steps=*/100);
 //   ... optimizer.step(); averager.average_parameters(model->parameters());

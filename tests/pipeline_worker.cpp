@@ -15,6 +15,7 @@
 //   pipeline_worker replica-mismatch (4 ranks: replica 1 builds another last layer: all fail)
 //   pipeline_worker replica-balance (4 ranks: balance_by measured once for both replicas)
 //   pipeline_worker replica-counts (4 ranks: one pipeline's ranks disagree on counts: all fail)
+//   pipeline_worker replica-options (4 ranks: the replicas ask for other micro-batches: all fail)
 //
 // Every rank builds the whole model from the same seed and trains it alone on one device as
 // the reference, and its stages of it as a DistributedPipeline; both see the same batches
@@ -362,6 +363,16 @@ int scenario_replica_mismatch() {
                    [&] { strategy.prepare(test::make_mlp(7, 16, get_rank() % 2 == 1 ? 12 : 10)); });
 }
 
+// Replica 1's ranks ask for 3 micro-batches where replica 0's ask for 2: each pipeline agrees
+// within itself, and every rank must still fail naming the field (the replicas' options are
+// compared over the whole job).
+int scenario_replica_options() {
+  train::DistributedPipelineStrategy strategy(train::DistributedPipelineStrategyOptions{
+      .device = test::worker_device(), .backend = "", .micro_batches = read_launch_env().rank % 2 == 1 ? 3 : 2,
+      .replicas = 2});
+  return must_fail("trains replicas whose options differ", [&] { strategy.prepare(test::make_mlp(7)); });
+}
+
 // reduce() over replicated pipelines where rank 3 counts a sample more than rank 1, the other
 // rank of its pipeline (replica 1: ranks 1 and 3): those two fail naming the counts, and
 // replica 0's ranks fail too, instead of going on to wait for them.
@@ -450,11 +461,11 @@ int main(int argc, char** argv) {
   const std::string first = argc >= 2 ? argv[1] : "";
   const bool alone = first == "mismatch" || first == "buffers" || first == "balance" || first == "balance-fails" ||
                      first == "two-dimensions" || first == "replica-buffers" || first == "replica-mismatch" ||
-                     first == "replica-balance" || first == "replica-counts";
+                     first == "replica-balance" || first == "replica-counts" || first == "replica-options";
   if (argc < 2 || (!alone && argc < 3) || (first == "loop" && argc != 9 && argc != 10)) {
     std::cerr << "usage: pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES [ACTIVATION_CHECKPOINTING]] | "
                  "pipeline_worker mismatch|buffers|balance|balance-fails|two-dimensions|replica-buffers|"
-                 "replica-mismatch|replica-balance|replica-counts | "
+                 "replica-mismatch|replica-balance|replica-counts|replica-options | "
                  "pipeline_worker loop first|rest sgd|adam SCHEDULE MICRO_BATCHES VIRTUAL_STAGES CHECKPOINT REPLICAS "
                  "[REPLICAS_BEFORE]\n";
     return 2;
@@ -475,6 +486,7 @@ int main(int argc, char** argv) {
   if (first == "replica-mismatch") return run(scenario_replica_mismatch);
   if (first == "replica-balance") return run(scenario_replica_balance);
   if (first == "replica-counts") return run(scenario_replica_counts);
+  if (first == "replica-options") return run(scenario_replica_options);
   if (first == "balance-fails") {
     return run([] {
       init_process_group(test::worker_backend());

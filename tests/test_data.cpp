@@ -496,6 +496,18 @@ TEST_CASE("DistributedSampler::set_start: the trained prefix and the new shards 
   CHECK(cases > 500);
 }
 
+TEST_CASE("global_order: the same words for the same order, whatever the replicas") {
+  // What a mid-epoch checkpoint's position counts (Sampler::global_order): equal orders say the same.
+  CHECK(data::DistributedSampler(10, 3, 1, true, 7).global_order() ==
+        data::DistributedSampler(10, 2, 0, true, 7).global_order());
+  CHECK(data::DistributedSampler(10, 2, 0, true, 7).global_order() ==
+        "DistributedSampler's order of 10 samples, seed 7");
+  CHECK(data::DistributedSampler(10, 2, 0, false, 7).global_order() == data::SequentialSampler(10).global_order());
+  CHECK(data::RandomSampler(10, 7).global_order() != data::DistributedSampler(10, 1, 0, true, 7).global_order());
+  CHECK(data::RandomSampler(10, 7).global_order() != data::RandomSampler(10, 8).global_order());
+  CHECK(data::DistributedEvalSampler(10, 2, 0).global_order().empty());  // evaluation runs whole
+}
+
 TEST_CASE("DistributedSampler and DistributedEvalSampler: argument errors") {
   CHECK_THROWS_WITH_AS(DistributedSampler(10, 3, 3),
                        Contains("DistributedSampler: invalid rank 3, rank should be in the interval [0, 2]"), Error);

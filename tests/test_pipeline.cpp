@@ -433,6 +433,19 @@ TEST_CASE("replicated pipelines: replicas that build different stages fail at co
   }
 }
 
+TEST_CASE("replicated pipelines: replicas that ask for other options fail at construction, naming the field") {
+  if (!parallel::gloo_available()) return;
+  const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-options"}, 4, std::chrono::seconds(60));
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
+    const bool named = outcomes[r].output.find("DistributedPipeline: ranks disagree: rank " + std::to_string(r)) !=
+                           std::string::npos &&
+                       outcomes[r].output.find("micro_batches") != std::string::npos;
+    CHECK_MESSAGE(named, outcomes[r].output);
+  }
+}
+
 TEST_CASE("replicated pipelines: a pipeline whose ranks disagree on their counts fails every rank") {
   if (!parallel::gloo_available()) return;
   const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-counts"}, 4, std::chrono::seconds(60));

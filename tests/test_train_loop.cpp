@@ -250,6 +250,44 @@ TEST_CASE("a run stopped at a mid-epoch checkpoint and resumed in a fresh loop e
   }
 }
 
+TEST_CASE("a mid-epoch checkpoint resumed in another sample order says so") {
+  // A run in DistributedSampler's order (ddp's, here of one rank) stops 64 samples into epoch
+  // 1. A loop that takes its epochs in RandomSampler's order resumes it and says that the rest
+  // of the epoch is not what that run had left; a loop in the same order says nothing.
+  const std::string path = scratch("order.safetensors");
+  auto make = [&](bool distributed, std::ostream& log) {
+    manual_seed(3);
+    auto model = std::make_shared<nn::MLP>(8, std::vector<int64_t>{16}, 4);
+    auto sgd = std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{0.05});
+    auto loader = std::make_shared<data::DataLoader>(
+        blobs(256, 1), data::DataLoaderOptions{.batch_size = 32, .shuffle = true, .seed = 5});
+    if (distributed) loader = train::shard_loader(*loader, /*training=*/true, 1, 0);
+    train::TrainLoopOptions options;
+    options.checkpoint_path = path;
+    options.checkpoint_every = 2;
+    options.progress = false;
+    options.log = &log;
+    return std::make_unique<train::TrainLoop>(
+        model, loader, nullptr, nullptr, sgd, [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); },
+        options);
+  };
+  std::ostringstream log;
+  auto first = make(true, log);
+  first->add_callback(std::make_shared<StopAt>(0, 64));
+  first->fit(1);
+  CHECK(load_safetensors_metadata(path).at("epoch_order") == "DistributedSampler's order of 256 samples, seed 5");
+  for (bool distributed : {true, false}) {
+    CAPTURE(distributed);
+    std::ostringstream resumed;
+    make(distributed, resumed)->resume(path);
+    const bool said = resumed.str().find("stopped 64 samples into epoch 1, which its run took in DistributedSampler's "
+                                         "order of 256 samples, seed 5; this loop takes it in RandomSampler's "
+                                         "order of 256 samples, seed 5") != std::string::npos;
+    CHECK_MESSAGE(said == !distributed, resumed.str());
+  }
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("request_stop ends fit at the next checkpoint point; fit clears it") {
   std::ostringstream log;
   const std::string path = scratch("stop.safetensors");
@@ -302,7 +340,8 @@ TEST_CASE("mid-epoch checkpoints and schedulers: options, old checkpoints and mi
                                                                 "checkpoint_path"), Error);
   CHECK_THROWS_WITH_AS(build({.checkpoint_path = "x", .checkpoint_every = -1}),
                        Contains("checkpoint_every must be non-negative"), Error);
-  for (const char* key : {"epoch_samples", "epoch_loss_sum", "epoch_batches", "scheduler", "scheduler.T_max"}) {
+  for (const char* key :
+       {"epoch_samples", "epoch_loss_sum", "epoch_batches", "epoch_order", "scheduler", "scheduler.T_max"}) {
     CAPTURE(key);
     CHECK_THROWS_WITH_AS(build({.checkpoint_metadata = {{key, "1"}}}), Contains("is reserved for the loop's"), Error);
   }

@@ -38,7 +38,8 @@ expect_failure "not a safetensors file" --data synthetic --model mlp --resume "$
 expect_failure "training diverged: the loss is nan in epoch 1" --data synthetic --model mlp --lr 100 --epochs 1 \
   --no-progress --checkpoint "$dir/diverged.st"
 [ ! -e "$dir/diverged.st" ] || { echo "FAIL: a diverged run wrote a checkpoint"; exit 1; }
-pipeline_only="--microbatches, --schedule, --virtual-stages, --balance, --activation-checkpointing and --replicas are for --mode"
+pipeline_only="--microbatches, --schedule, --virtual-stages, --balance, --activation-checkpointing and --replicas"
+pipeline_only="$pipeline_only are for --mode"
 expect_failure "$pipeline_only pipeline" --data synthetic --schedule gpipe
 expect_failure "$pipeline_only pipeline" --data synthetic --balance time
 expect_failure "$pipeline_only pipeline" --data synthetic --activation-checkpointing always
@@ -58,7 +59,8 @@ expect_failure "--mode dp takes --devices" --data synthetic --mode dp --device c
 expect_failure "--devices is for --mode dp" --data synthetic --devices cpu:0,cpu:1
 expect_failure "--nproc is for --mode ddp or pipeline" --data synthetic --nproc 2
 expect_failure "--replicas is for --mode pipeline" --data synthetic --mode ddp --replicas 2
-expect_failure "--replicas 3 needs --nproc to be a multiple of it" --data synthetic --mode pipeline --nproc 4 \
+expect_failure "--replicas 3 needs the job's ranks (--nproc x --nnodes) to be a multiple of it" --data synthetic \
+  --mode pipeline --nproc 4 \
   --replicas 3
 expect_failure "--replicas is for --mode pipeline across processes" --data synthetic --mode pipeline \
   --devices cpu:0,cpu:1 --replicas 2

@@ -47,8 +47,8 @@ std::shared_ptr<nn::Module> DistributedPipelineStrategy::prepare(std::shared_ptr
       parallel::pipeline::DistributedPipelineOptions{.device = device_,
                                                      .balance = options_.balance,
                                                      .balance_by = options_.balance_by,
-                                                     // replicas: one measurement for all of them
-                                                     .balance_group = mesh_.replicas_group ? group_ : nullptr,
+                                                     // replicas agree on the options, and share one balance
+                                                     .job_group = mesh_.replicas_group ? group_ : nullptr,
                                                      .micro_batches = options_.micro_batches,
                                                      .schedule = options_.schedule,
                                                      .virtual_stages = options_.virtual_stages,

@@ -29,7 +29,9 @@
 // every replica replica 0's, as DDP broadcasts rank 0's before each forward. The epoch's sums
 // are added over the replicas (each pipeline's ranks agreeing), the loss as the pipelines'
 // first ranks hold it; checkpoints are replica 0's pipeline's, written by rank 0, and resume on
-// any layout (another R, another pipeline length, one process, ddp).
+// any layout (another R, another pipeline length, one process, ddp). A mid-epoch one goes on in
+// the same sample order on any R > 1 and in ddp; with R = 1 (or on one device) the epoch's
+// order is the loader's own, so the rest of that epoch differs, and resume() says so.
 //
 // Note [Checkpoints of a pipeline across processes]: rank 0's copy of the model holds the
 // weights it was built with outside its own stages. Before each checkpoint and each epoch's

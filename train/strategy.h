@@ -64,9 +64,9 @@ class Strategy {
   virtual std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model) = 0;
   // Where the loop delivers batches (and sums the epoch's totals).
   virtual Device input_device() const = 0;
-  // This process's share of a loader's samples (ddp: a loader over the same data with a
-  // DistributedSampler when `training`, a DistributedEvalSampler otherwise, so that every
-  // test sample is counted once); others: the loader itself.
+  // This process's share of a loader's samples (ddp, and a pipeline replicated over
+  // data-parallel groups: shard_loader below over the ranks or replicas, so that every test
+  // sample is counted once); others: the loader itself.
   virtual std::shared_ptr<data::DataLoader> shard(std::shared_ptr<data::DataLoader> loader, bool training) {
     return loader;
   }

@@ -29,7 +29,8 @@ namespace {
 // The checkpoint metadata the loop writes itself (TrainLoopOptions::checkpoint_metadata may
 // not use these keys).
 bool is_loop_metadata(const std::string& key) {
-  for (const char* exact : {"format", "epoch", "epoch_samples", "epoch_loss_sum", "epoch_batches", "scheduler"})
+  for (const char* exact : {"format", "epoch", "epoch_samples", "epoch_loss_sum", "epoch_batches", "epoch_order",
+                            "scheduler"})
     if (key == exact) return true;
   for (const char* prefix : {"rng.", "optimizer.", "scheduler.", "strategy."})
     if (key.rfind(prefix, 0) == 0) return true;
@@ -374,6 +375,8 @@ void TrainLoop::save_checkpoint(const std::string& path) const {
                                           {"epoch_samples", std::to_string(epoch_samples_)},
                                           {"epoch_loss_sum", exact(epoch_loss_sum_)},
                                           {"epoch_batches", std::to_string(epoch_batches_)}};
+  const std::string order = train_loader_->sampler().global_order();
+  if (!order.empty()) meta["epoch_order"] = order;
   for (auto& [device, gen] : default_generators()) {
     meta["rng." + device.str() + ".seed"] = std::to_string(gen->seed());
     meta["rng." + device.str() + ".offset"] = std::to_string(gen->offset());
@@ -456,6 +459,17 @@ void TrainLoop::resume(const std::string& path) {
     default_generator(device).manual_seed(seed);
     default_generator(device).set_offset(offset);
   }
+  // A mid-epoch checkpoint's position counts samples of its run's order (Note [Mid-epoch
+  // checkpoints]); in another order the rest of that epoch is not what that run had left.
+  auto order = file.metadata.find("epoch_order");
+  const std::string mine = train_loader_->sampler().global_order();
+  if (epoch_samples > 0 && order != file.metadata.end() && !mine.empty() && order->second != mine)
+    log_stream(options_, *strategy_)
+        << "weft: resume: '" << path << "' stopped " << epoch_samples << " samples into epoch " << epoch + 1
+        << ", which its run took in " << order->second << "; this loop takes it in " << mine << ", so the rest of "
+        << "epoch " << epoch + 1 << " is not the samples that run had left (some are trained twice, others not at "
+        << "all). Later epochs are whole. (ddp and replicated pipelines take DistributedSampler's order; one device, "
+        << "dp and one pipeline the loader's own.)" << std::endl;
 }
 
 }  // namespace weft::train

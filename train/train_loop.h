@@ -15,10 +15,10 @@
 // Note [Mid-epoch checkpoints]: with options.checkpoint_every = K a checkpoint is also
 // written after every K-th step of an epoch (not after its last: the epoch's own covers
 // that). It records where the unfinished epoch stands: "epoch" (epochs completed),
-// "epoch_samples" (samples of the next epoch trained, summed over every rank),
-// "epoch_loss_sum" and "epoch_batches" (that epoch's partial loss total and batch count,
-// over every rank, so that a resumed epoch still reports the mean over all its batches);
-// 0 at an epoch's end. fit() after resume() starts that epoch with the train loader's
+// "epoch_samples" (samples of the next epoch trained, summed over every rank: over the
+// replicas of a pipeline), "epoch_loss_sum" and "epoch_batches" (that epoch's partial loss
+// total and batch count, likewise, so that a resumed epoch still reports the mean over all
+// its batches); 0 at an epoch's end. fit() after resume() starts that epoch with the train loader's
 // set_start(epoch_samples): the samplers skip exactly what was trained, and DistributedSampler
 // shards the rest over the current world size (data/sampler.h). In one process the resumed
 // steps are bitwise those of an uninterrupted run: the weights, the optimizer and the
@@ -26,7 +26,11 @@
 // seeds match, data/dataloader.h) and the main process's loss sum starts from the recorded
 // partial one, so even the epoch's mean is added up in the same order. The partial totals
 // are combined with the strategy's reduce(), a collective in ddp: every rank reaches the
-// step at the same time, as every rank has the same number of batches.
+// step at the same time, as every rank has the same number of batches. "epoch_order" names
+// the train sampler's global order (Sampler::global_order): positions count samples of that
+// order, so resume() says so when this loop's order is another (a ddp checkpoint resumed on
+// one device: DistributedSampler's permutation against RandomSampler's), since the rest of
+// that epoch is then not what the checkpoint's run had left.
 #pragma once
 
 #include <functional>
@@ -94,7 +98,7 @@ struct TrainLoopOptions {
   // Written into every checkpoint's metadata beside the loop's own entries (a program's
   // run configuration: weft-train records its flags and checks them on resume). Keys must
   // not be the loop's: "format", "epoch", "epoch_samples", "epoch_loss_sum",
-  // "epoch_batches", "scheduler", "rng.*", "optimizer.*", "scheduler.*", "strategy.*".
+  // "epoch_batches", "epoch_order", "scheduler", "rng.*", "optimizer.*", "scheduler.*", "strategy.*".
   std::map<std::string, std::string> checkpoint_metadata;
   bool progress = true;         // per-step progress: a bar on a terminal, plain lines otherwise
   std::ostream* log = nullptr;  // where progress and epoch lines go (default std::cout)

@@ -162,9 +162,10 @@ DistributedPipeline::DistributedPipeline(std::shared_ptr<nn::Sequential> model, 
 }
 
 void DistributedPipeline::check_ranks_agree(size_t layers) const {
-  // What every rank must share, as numbers: layers, micro-batches, stages per rank, the
-  // schedule and the activation checkpointing mode (by their index among the known ones, -1
-  // for another), whether balance_by is given, and the balance (up to 8 stages' worth).
+  // What every rank must share, as numbers: layers, ranks per pipeline, micro-batches, stages
+  // per rank, the schedule and the activation checkpointing mode (by their index among the
+  // known ones, -1 for another), whether balance_by is given, and the balance (up to 8
+  // stages' worth). Over job(): the replicas of a pipeline must agree too.
   auto index_of = [](const std::string& name, std::initializer_list<const char*> known) {
     int64_t i = 0;
     for (const char* k : known) {
@@ -175,22 +176,24 @@ void DistributedPipeline::check_ranks_agree(size_t layers) const {
   };
   const int64_t schedule = index_of(options_.schedule, {"gpipe", "1f1b", "interleaved"});
   const int64_t recompute = index_of(options_.activation_checkpointing, {"never", "except_last", "always"});
-  std::vector<int64_t> mine{static_cast<int64_t>(layers), options_.micro_batches, options_.virtual_stages, schedule,
-                            recompute, options_.balance_by ? 1 : 0, static_cast<int64_t>(options_.balance.size())};
+  std::vector<int64_t> mine{static_cast<int64_t>(layers), group_->size(), options_.micro_batches,
+                            options_.virtual_stages, schedule, recompute, options_.balance_by ? 1 : 0,
+                            static_cast<int64_t>(options_.balance.size())};
   for (size_t k = 0; k < 8; ++k)
     mine.push_back(k < options_.balance.size() ? static_cast<int64_t>(options_.balance[k]) : -1);
   const TensorOptions on_device(DType::Int64, options_.device);
   Tensor local = tensor(mine, Shape{static_cast<int64_t>(mine.size())}).to(options_.device);
+  ProcessGroup& ranks = job();
   std::vector<Tensor> all;
-  for (int r = 0; r < group_->size(); ++r) all.push_back(zeros({static_cast<int64_t>(mine.size())}, on_device));
-  group_->all_gather(all, local)->wait();
-  static const char* fields[] = {"layers", "micro_batches", "virtual_stages", "schedule", "activation_checkpointing",
-                                 "balance_by given", "balance entries"};
+  for (int r = 0; r < ranks.size(); ++r) all.push_back(zeros({static_cast<int64_t>(mine.size())}, on_device));
+  ranks.all_gather(all, local)->wait();
+  static const char* fields[] = {"layers", "pipeline ranks", "micro_batches", "virtual_stages", "schedule",
+                                 "activation_checkpointing", "balance_by given", "balance entries"};
   constexpr size_t kFields = sizeof(fields) / sizeof(fields[0]);
-  for (int r = 0; r < group_->size(); ++r) {
+  for (int r = 0; r < ranks.size(); ++r) {
     const std::vector<int64_t> theirs = all[r].to(kCPU).to_vector<int64_t>();
     for (size_t i = 0; i < mine.size(); ++i)
-      WEFT_CHECK(theirs[i] == mine[i], "DistributedPipeline: ranks disagree: rank ", group_->rank(), " has ",
+      WEFT_CHECK(theirs[i] == mine[i], "DistributedPipeline: ranks disagree: rank ", ranks.rank(), " has ",
                  i < kFields ? fields[i] : "balance[" + std::to_string(i - kFields) + "]", " = ", mine[i], ", rank ",
                  r, " has ", theirs[i], " (every rank must build the same model and pipeline options)");
   }
@@ -200,7 +203,7 @@ std::vector<size_t> DistributedPipeline::measured_balance(const nn::Sequential& 
   // [1, layers per stage...] from rank 0; [0, ...] when its measurement failed.
   std::vector<int64_t> message(static_cast<size_t>(stages) + 1, 0);
   std::exception_ptr failure;
-  ProcessGroup& measurers = options_.balance_group ? *options_.balance_group : *group_;
+  ProcessGroup& measurers = job();
   if (measurers.rank() == 0) {
     try {
       const std::vector<size_t> balance = options_.balance_by(model, stages, options_.device);
@@ -280,7 +283,7 @@ Tensor DistributedPipeline::forward(const Tensor& input) {
     }
     transport.finish();
   } catch (const std::exception& e) {
-    WEFT_FAIL("DistributedPipeline::forward on rank ", group_->rank(), ": ", e.what());
+    WEFT_FAIL("DistributedPipeline::forward on ", rank_name(), ": ", e.what());
   }
   return holds_stage(S - 1) ? x : Tensor();
 }
@@ -321,6 +324,12 @@ std::string DistributedPipeline::extra_repr() const {
   out << "], device=" << options_.device << ", schedule=" << schedule_.name
       << ", micro_batches=" << schedule_.num_micro_batches;
   return out.str();
+}
+
+std::string DistributedPipeline::rank_name() const {
+  const std::string mine = "rank " + std::to_string(group_->rank());
+  if (!options_.job_group || options_.job_group->size() == group_->size()) return mine;
+  return "pipeline " + mine + " (rank " + std::to_string(options_.job_group->rank()) + " of the job)";
 }
 
 const Schedule& DistributedPipeline::schedule_for(const Tensor& input, const Tensor& target) {
@@ -367,7 +376,7 @@ StepResult DistributedPipeline::step(const Tensor& input, const Tensor& target, 
         [this](int) { return options_.device; }, transport, data);
     transport.finish();
   } catch (const std::exception& e) {
-    WEFT_FAIL("DistributedPipeline::step (schedule ", schedule.name, ") on rank ", group_->rank(), ": ", e.what());
+    WEFT_FAIL("DistributedPipeline::step (schedule ", schedule.name, ") on ", rank_name(), ": ", e.what());
   }
   if (!holds_stage(S - 1)) return {};
   NoGradGuard no_grad;

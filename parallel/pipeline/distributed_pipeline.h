@@ -60,10 +60,11 @@ struct DistributedPipelineOptions {
   Device device = kCPU;             // this rank's (a CUDA device with the nccl backend)
   std::vector<size_t> balance;      // layers per stage; empty: as even as possible
   Balancer balance_by;              // instead of balance: measured on rank 0 (balance.h)
-  // With balance_by: the group whose rank 0 measures and sends the balance to its other ranks
-  // (null: this pipeline's group). Replicas of a pipeline pass the whole job's, so that they
-  // split alike; every rank of it builds its pipeline with balance_by at the same time.
-  std::shared_ptr<ProcessGroup> balance_group;
+  // The ranks of this pipeline and of its replicas, which build their pipelines together (null:
+  // this pipeline's own group). Every rank of it must give the same model and options (checked
+  // at construction across it), and with balance_by its rank 0 measures for all of them, so
+  // that every replica splits alike. Replicated pipelines (PipelineMesh) pass the whole job's.
+  std::shared_ptr<ProcessGroup> job_group;
   int micro_batches = 1;
   std::string schedule = "1f1b";    // gpipe, 1f1b or interleaved
   int virtual_stages = 1;           // stages per rank (interleaved)
@@ -98,12 +99,18 @@ class DistributedPipeline : public nn::Module {
   std::shared_ptr<nn::Module> shallow_copy() const override;
 
  private:
-  // All-gathers the model's layer count and the options; a rank that differs is an error
-  // naming the field and both ranks (on every rank), instead of a wait for messages that never come.
+  // All-gathers the model's layer count and the options over job_group (else the pipeline's
+  // group); a rank that differs is an error naming the field and both ranks (on every rank),
+  // instead of a wait for messages that never come.
   void check_ranks_agree(size_t layers) const;
-  // balance_by's result on rank 0 of balance_group (else of the pipeline's group), on every rank
-  // of that group (a collective). When it fails on that rank 0, every rank fails.
+  // balance_by's result on rank 0 of job_group (else of the pipeline's group), on every rank of
+  // that group (a collective). When it fails on that rank 0, every rank fails.
   std::vector<size_t> measured_balance(const nn::Sequential& model, int stages) const;
+  // The ranks that build their pipelines together: job_group, else the pipeline's group.
+  ProcessGroup& job() const { return options_.job_group ? *options_.job_group : *group_; }
+  // "rank r", or with replicas "pipeline rank r (rank g of the job)": for errors, which the
+  // launcher's rank numbers should match.
+  std::string rank_name() const;
   // The schedule of a step on this batch: schedule_, or for a batch of fewer samples than
   // micro_batches the built-in schedule of micro_batches_for_batch's count (made once per
   // count). The size is the input's where this rank has it, else the target's.

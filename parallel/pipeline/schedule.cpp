@@ -277,7 +277,8 @@ int micro_batches_for_batch(const std::string& name, int ranks, int micro_batche
   if (name != "interleaved") return static_cast<int>(std::max<int64_t>(batch, 1));
   WEFT_CHECK(batch >= ranks, "pipeline: the interleaved schedule over ", ranks, " ranks needs a multiple of ", ranks,
              " micro-batches of at least one sample each, but a batch has ", batch, " samples (an epoch's short "
-             "last batch? choose a batch size that leaves at least ", ranks, ", or drop_last)");
+             "last batch, per replica when the pipeline is replicated? choose a batch size whose last batch has at "
+             "least ", ranks, " samples, or drop it: DataLoaderOptions::drop_last)");
   return static_cast<int>(batch / ranks * ranks);
 }
 
