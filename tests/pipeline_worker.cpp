@@ -59,6 +59,16 @@ int count_differing(const nn::NamedTensors& got, const nn::NamedTensors& want, i
   return failures;
 }
 
+// How far apart the ranks of the default group hold `t` (0: the same values on every rank): the
+// maximum and the minimum over the ranks, each against this rank's (a collective).
+double spread_over_ranks(const Tensor& t, Device device) {
+  Tensor mine = t.to(DType::Float64).to(device);
+  Tensor high = mine.clone(), low = neg(mine);
+  default_group().all_reduce(high, ReduceOp::Max)->wait();
+  default_group().all_reduce(low, ReduceOp::Max)->wait();
+  return std::max(amax(abs(sub(high, mine))).item(), amax(abs(add(low, mine))).item());
+}
+
 // For the scenarios in which every rank must fail, once it has joined the group: 0 when `act`
 // throws, said in an "error:" line; 1 with a FAIL line saying that the rank `did` what it
 // should not have.
@@ -259,16 +269,9 @@ int scenario_buffers() {
   pipe.broadcast_stages();
   if (counts() != 4)  // 2 steps of 2 micro-batches, on whichever rank
     std::cout << "FAIL: rank " << rank << ": counts of " << counts() << " after" << std::endl, ++failures;
-  // Every value the same on every rank: the maximum and minimum over the ranks equal this rank's.
-  for (const auto& [name, t] : model->state_dict()) {
-    Tensor mine = t.to(DType::Float64).to(device);
-    Tensor high = mine.clone(), low = neg(mine);
-    default_group().all_reduce(high, ReduceOp::Max)->wait();
-    default_group().all_reduce(low, ReduceOp::Max)->wait();
-    const double spread = std::max(amax(abs(sub(high, mine))).item(), amax(abs(add(low, mine))).item());
-    if (spread != 0)
+  for (const auto& [name, t] : model->state_dict())
+    if (const double spread = spread_over_ranks(t, device); spread != 0)
       std::cout << "FAIL: rank " << rank << ": " << name << " differs by " << spread << std::endl, ++failures;
-  }
   std::cout << "rank " << rank << ": " << model->state_dict().size() << " tensors equal on every rank" << std::endl;
   destroy_process_group();
   return failures == 0 ? 0 : 1;
@@ -338,12 +341,7 @@ int scenario_replica_buffers() {
     if (name.find("num_batches_tracked") != std::string::npos && t.to(kCPU).item<int64_t>() != 4)
       std::cout << "FAIL: rank " << rank << ": " << name << " counts " << t.to(kCPU).item<int64_t>() << std::endl,
           ++failures;
-    Tensor mine = t.to(DType::Float64).to(device);
-    Tensor high = mine.clone(), low = neg(mine);
-    default_group().all_reduce(high, ReduceOp::Max)->wait();
-    default_group().all_reduce(low, ReduceOp::Max)->wait();
-    const double spread = std::max(amax(abs(sub(high, mine))).item(), amax(abs(add(low, mine))).item());
-    if (spread != 0)
+    if (const double spread = spread_over_ranks(t, device); spread != 0)
       std::cout << "FAIL: rank " << rank << ": " << name << " differs by " << spread << std::endl, ++failures;
   }
   std::cout << "rank " << rank << ": replica " << loop.strategy().rank() % 2 << ", " << model->state_dict().size()
