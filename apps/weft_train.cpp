@@ -597,8 +597,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"never", "except_last", "always"}));
   app.add_option("--replicas", c.replicas,
                  "--mode pipeline across processes: R replicas of a pipeline of (ranks / R) ranks, each training on "
-                 "its own share of the data (--batch-size per replica), their stages' gradients averaged after "
-                 "each backward: pipeline x data parallelism (default 1)")
+                 "its own share of the data (--batch-size per replica), their stages' gradients averaged over "
+                 "the replicas during each step's last backward: pipeline x data parallelism (default 1)")
       ->check(flags::positive_integer());
   app.add_option("--virtual-stages", c.virtual_stages,
                  "--mode pipeline --schedule interleaved: stages per device (default 2 with interleaved)")

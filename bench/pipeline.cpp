@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 #include <weft.h>
 
+#include "balanced_model.h"
 #include "bench_util.h"
 
 using namespace weft;
@@ -39,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kBlocks = 8;
+constexpr int kBlocks = bench::kBalancedBlocks;
 
 std::vector<int> parse_list(const std::string& text) {
   std::vector<int> out;
@@ -51,16 +52,6 @@ std::vector<int> parse_list(const std::string& text) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
-}
-
-std::shared_ptr<nn::Sequential> balanced_model(int64_t width) {
-  Generator gen(7);
-  auto model = std::make_shared<nn::Sequential>();
-  for (int i = 0; i < kBlocks; ++i)
-    model->push_back(std::make_shared<nn::Sequential>(
-        std::make_shared<nn::Linear>(width, width, true, TensorOptions(DType::Float32), &gen),
-        std::make_shared<nn::ReLU>()));
-  return model;
 }
 
 // Per device row of the trace, the share of [first compute span's start, last one's end]
@@ -148,7 +139,7 @@ int main(int argc, char** argv) {
       for (const std::string schedule : {"gpipe", "1f1b", "interleaved"}) {
         const int v = schedule == "interleaved" ? 2 : 1;
         if (schedule == "interleaved" && m % p != 0) continue;
-        auto model = balanced_model(width);
+        auto model = bench::balanced_model(width);
         auto reference = std::dynamic_pointer_cast<nn::Sequential>(model->clone());
         Pipeline pipe(model, {.devices = devices, .micro_batches = m, .schedule = schedule, .virtual_stages = v,
                               .activation_checkpointing = recompute});

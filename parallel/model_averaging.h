@@ -41,8 +41,8 @@ void average_parameters(const std::vector<Tensor>& params, ProcessGroup& group);
 
 // Every rank's params' gradients (.grad) replaced by their average over `group`, as
 // average_parameters does it: data parallelism done by hand, after the backward (what DDP
-// does, without overlapping it), e.g. over the replicas of a pipeline's stage (README, "Two
-// dimensions"). Every parameter must have a gradient (an error names the first without).
+// does, without overlapping it; a replicated DistributedPipeline overlaps its own through DDP's
+// Reducer). Every parameter must have a gradient (an error names the first without).
 void average_gradients(const std::vector<Tensor>& params, ProcessGroup& group);
 
 // Every rank's `tensors` replaced by rank `root`'s (of `group`), without recording autograd:

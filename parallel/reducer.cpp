@@ -143,13 +143,14 @@ void Reducer::wait_for_launched(std::vector<std::string>* errors) {
 }
 
 void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs) {
-  if (expecting_ && callback_queued_) {
+  if (expecting_ && backward_begun_) {
     // A backward through DDP began and never reached its end (an exception in it): its
     // buckets' collectives may have run on some ranks and not on others.
     wait_for_launched(nullptr);
     expecting_ = false;
-    WEFT_FAIL("DistributedDataParallel (rank ", group_->rank(), "): the previous backward failed before it finished, "
-              "so the ranks' collectives are out of step; stop every rank and start the job again");
+    WEFT_FAIL(options_.owner, " (rank ", group_->rank(), "): the previous backward failed before it finished",
+              options_.finish_at_end_of_backward ? "" : " (or was not followed by finish())",
+              ", so the ranks' collectives are out of step; stop every rank and start the job again");
   }
   // (A forward without backward leaves nothing in flight: unused parameters are only
   // marked ready once backward has begun.)
@@ -161,7 +162,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs) {
   arrivals_.clear();
   unused_.clear();
   next_to_launch_ = 0;
-  callback_queued_ = false;
+  backward_begun_ = false;
   active_ranks_.reset();
   expecting_ = true;
   if (!options_.find_unused_parameters) return;
@@ -186,13 +187,13 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs) {
 void Reducer::on_gradient(size_t param) {
   if (options_.find_unused_parameters) used_since_reduction_[param] = true;  // no_sync steps count too
   if (!expecting_) return;  // no_sync(), or a backward without a forward through DDP
-  WEFT_CHECK(!ready_[param], "DistributedDataParallel: parameter '", names_[param], "' received a gradient twice in "
+  WEFT_CHECK(!ready_[param], options_.owner, ": parameter '", names_[param], "' received a gradient twice in "
              "one backward", options_.find_unused_parameters
                                  ? " (find_unused_parameters found it unused in the forward, but backward reached it)"
                                  : "");
-  if (!callback_queued_) {
-    queue_backward_callback([this] { finalize(); });
-    callback_queued_ = true;
+  if (!backward_begun_) {
+    if (options_.finish_at_end_of_backward) queue_backward_callback([this] { finalize(); });
+    backward_begun_ = true;
     for (size_t i : unused_) mark_ready(i);  // backward has begun: their buckets may go
   }
   arrivals_.push_back(param);
@@ -252,13 +253,16 @@ void Reducer::finalize() {
     std::string list;
     for (size_t k = 0; k < missing.size() && k < 10; ++k) list += (k ? ", " : "") + ("'" + missing[k] + "'");
     if (missing.size() > 10) list += " and " + std::to_string(missing.size() - 10) + " more";
-    WEFT_FAIL("DistributedDataParallel (rank ", group_->rank(), "): parameter(s) ", list,
-              " received no gradient in this backward, so their buckets were never reduced and the other ranks are "
-              "left waiting. Parameters that do not take part in producing the loss need "
-              "DistributedDataParallel(..., {.find_unused_parameters = true}), which finds them after each forward; "
-              "otherwise make every parameter take part in every forward (PyTorch raises the same error)");
+    const std::string advice = !options_.unused_parameter_advice.empty()
+                                   ? options_.unused_parameter_advice
+                                   : "Parameters that do not take part in producing the loss need "
+                                     "DistributedDataParallel(..., {.find_unused_parameters = true}), which finds them "
+                                     "after each forward; otherwise make every parameter take part in every forward "
+                                     "(PyTorch raises the same error)";
+    WEFT_FAIL(options_.owner, " (rank ", group_->rank(), "): parameter(s) ", list, " received no gradient in this "
+              "backward, so their buckets were never reduced and the other ranks are left waiting. ", advice);
   }
-  WEFT_CHECK(errors.empty(), "DistributedDataParallel (rank ", group_->rank(), "): a bucket's all-reduce failed: ",
+  WEFT_CHECK(errors.empty(), options_.owner, " (rank ", group_->rank(), "): a bucket's all-reduce failed: ",
              errors.front());
   arrival_order_ = arrivals_;
   ++iterations_;
@@ -271,13 +275,21 @@ void Reducer::finalize() {
   if (!rebuilt_) rebuild_from_arrival_order();
 }
 
+void Reducer::finish() {
+  WEFT_CHECK(!options_.finish_at_end_of_backward, options_.owner, ": Reducer::finish() is for a reducer made with "
+             "finish_at_end_of_backward = false (this one finishes at the end of each backward)");
+  WEFT_CHECK(expecting_, options_.owner, " (rank ", group_->rank(),
+             "): Reducer::finish() without prepare_for_backward");
+  finalize();
+}
+
 void Reducer::divide_by_active_ranks(ActiveRanks active) {
   WEFT_CHECK(expecting_, "Reducer::divide_by_active_ranks: call it after prepare_for_backward");
   active_ranks_.emplace(std::move(active));
 }
 
 void Reducer::rescale_to_active(int64_t active) {
-  WEFT_CHECK(active >= 1 && active <= group_->size(), "DistributedDataParallel (rank ", group_->rank(), "): join: ",
+  WEFT_CHECK(active >= 1 && active <= group_->size(), options_.owner, " (rank ", group_->rank(), "): join: ",
              active, " ranks still iterating in a group of ", group_->size());
   if (active == group_->size()) return;
   NoGradGuard no_grad;
@@ -285,7 +297,7 @@ void Reducer::rescale_to_active(int64_t active) {
 }
 
 void Reducer::reduce_as_joined_rank(std::optional<int64_t> active) {
-  WEFT_CHECK(!expecting_, "DistributedDataParallel (rank ", group_->rank(), "): a rank that ran out of inputs in a "
+  WEFT_CHECK(!expecting_, options_.owner, " (rank ", group_->rank(), "): a rank that ran out of inputs in a "
              "join made a forward through DDP that was not followed by its backward");
   NoGradGuard no_grad;
   {
@@ -298,7 +310,7 @@ void Reducer::reduce_as_joined_rank(std::optional<int64_t> active) {
     }
     std::vector<std::string> errors;
     wait_for_launched(&errors);
-    WEFT_CHECK(errors.empty(), "DistributedDataParallel (rank ", group_->rank(), "): join: a bucket's all-reduce "
+    WEFT_CHECK(errors.empty(), options_.owner, " (rank ", group_->rank(), "): join: a bucket's all-reduce "
                "failed: ", errors.front());
   }
   ++iterations_;

@@ -11,7 +11,8 @@
 // its all-reduce is launched asynchronously, in bucket order on every rank, while backward
 // goes on with the layers before. When backward has run every node, a callback waits for
 // the buckets (Note: the last one is launched last, so most of the communication is hidden)
-// and writes the averaged gradients back to the parameters.
+// and writes the averaged gradients back to the parameters; or, for a pipeline's stage
+// (finish_at_end_of_backward false), finish() does that once the rank's step is done.
 //
 // A parameter that took no part in the forward never gets a gradient, so its bucket would
 // never be launched and every rank would wait: with find_unused_parameters the reducer
@@ -43,6 +44,14 @@ struct ReducerOptions {
   int64_t first_bucket_cap_bytes = int64_t{1} << 20;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
+  // false: the end of backward leaves the launched buckets in flight and finish() waits for
+  // them (a pipeline's stage: its last micro-batch's backward launches them, and its rank goes on
+  // sending gradients to the previous stage while they run).
+  bool finish_at_end_of_backward = true;
+  // Whose reducer it is, for errors, and what the error for a parameter without a gradient
+  // advises (empty: DDP's find_unused_parameters).
+  std::string owner = "DistributedDataParallel";
+  std::string unused_parameter_advice;
 };
 
 // Parameter indices per bucket: `order` lists every parameter once, in the order their
@@ -67,6 +76,9 @@ class Reducer {
   // Between prepare_for_backward and the end of backward: the reducer is waiting for
   // gradients.
   bool expecting_gradients() const { return expecting_; }
+  // With finish_at_end_of_backward false, after the backward: waits for the buckets and writes
+  // the averages into the gradients, as the end of backward does otherwise.
+  void finish();
 
   // Inside a join (parallel/join.h), after prepare_for_backward: this backward's averages
   // are over the ranks still iterating, `active` (counted while backward runs), not over
@@ -78,6 +90,7 @@ class Reducer {
   // on the others: a parameter none of them used keeps no gradient, as after zero_grad().
   void reduce_as_joined_rank(std::optional<int64_t> active);
 
+  size_t parameter_count() const { return params_.size(); }
   void set_comm_hook(CommHook hook);
   const std::vector<std::vector<size_t>>& buckets() const { return bucket_indices_; }
   // Backward passes reduced so far (on a rank that ran out in a join, the shadowed ones too).
@@ -101,7 +114,7 @@ class Reducer {
   GradBucket grad_bucket(size_t b) const;  // bucket b as the hook sees it
   void launch_ready_buckets();
   void rescale_to_active(int64_t active);  // averages over the group become averages over `active` ranks
-  void finalize();                     // the end-of-backward callback
+  void finalize();                     // the end-of-backward callback, or finish()
   void write_back();                   // the averages into the parameters' gradients
   void wait_for_launched(std::vector<std::string>* errors);
   void rebuild_from_arrival_order();
@@ -124,7 +137,7 @@ class Reducer {
   std::vector<bool> used_since_reduction_;  // find_unused_parameters: got a gradient (no_sync steps too)
   size_t next_to_launch_ = 0;
   bool expecting_ = false;
-  bool callback_queued_ = false;
+  bool backward_begun_ = false;  // since prepare_for_backward: a gradient arrived
   int64_t iterations_ = 0;
   bool rebuilt_ = false;
   std::optional<ActiveRanks> active_ranks_;  // divide_by_active_ranks

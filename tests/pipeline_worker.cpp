@@ -6,8 +6,8 @@
 //   pipeline_worker buffers       (broadcast_stages with BatchNorm's buffers)
 //   pipeline_worker balance       (balance_by: rank 0's answer on every rank; by_time alike)
 //   pipeline_worker balance-fails (balance_by throws on rank 0: every rank must fail)
-//   pipeline_worker two-dimensions (4 ranks: Note [Two dimensions: pipelines replicated over
-//                                 data-parallel groups])
+//   pipeline_worker two-dimensions [SCHEDULE] (4 ranks: Note [Two dimensions: pipelines replicated
+//                                 over data-parallel groups])
 //   pipeline_worker loop first|rest sgd|adam SCHEDULE MICRO_BATCHES VIRTUAL_STAGES CHECKPOINT REPLICAS
 //                                 [REPLICAS_BEFORE]
 //                                 (a TrainLoop: Note [A pipeline TrainLoop resumed on other ranks])
@@ -16,6 +16,8 @@
 //   pipeline_worker replica-balance (4 ranks: balance_by measured once for both replicas)
 //   pipeline_worker replica-counts (4 ranks: one pipeline's ranks disagree on counts: all fail)
 //   pipeline_worker replica-options (4 ranks: the replicas ask for other micro-batches: all fail)
+//   pipeline_worker replica-unused [find-unused] (4 ranks: a stage's unused parameter is named by
+//                                 its replicas; found with find_unused_parameters)
 //
 // Every rank builds the whole model from the same seed and trains it alone on one device as
 // the reference, and its stages of it as a DistributedPipeline; both see the same batches
@@ -38,6 +40,7 @@
 #include "train/distributed_pipeline_strategy.h"
 #include "train/train_loop.h"
 #include "pipeline_models.h"
+#include "trace_reading.h"
 #include "worker_backend.h"
 
 using namespace weft;
@@ -408,13 +411,15 @@ int scenario_replica_balance() {
 }
 
 // Note [Two dimensions: pipelines replicated over data-parallel groups]: 4 ranks as
-// pipeline_mesh(2) lays them out: two pipelines of two stages (ranks 0, 2 and 1, 3), each
-// stage replicated over a data-parallel group (ranks 0, 1 and 2, 3). Each pipeline trains on
-// its half of every batch; after the backward each stage's gradients are averaged over its
-// replicas (average_gradients). Equal halves make that the gradient of the whole batch's mean
-// loss: every rank's stages must follow the model trained on whole batches on one device, and
-// the replicas' losses average to its loss.
-int scenario_two_dimensions() {
+// pipeline_mesh(2) lays them out: two pipelines of two ranks (ranks 0, 2 and 1, 3), each stage
+// replicated over a data-parallel group (ranks 0, 1 and 2, 3), the pipelines built from the mesh
+// (Note [Replicated stages]). Each pipeline trains on its half of every batch; its stages'
+// gradients are averaged over their replicas during the step. Equal halves make that the gradient
+// of the whole batch's mean loss: every rank's stages must follow the model trained on whole
+// batches on one device, and the replicas' losses average to its loss. With buckets of about 100
+// bytes each stage has several, and every bucket's all-reduce must be launched inside its stage's
+// last backward (the last Backward action's span in the trace), not after the schedule.
+int scenario_two_dimensions(const std::string& schedule) {
   init_process_group(test::worker_backend());
   const int rank = get_rank();
   WEFT_CHECK(get_world_size() == 4, "two dimensions: 4 ranks, got ", get_world_size());
@@ -428,29 +433,108 @@ int scenario_two_dimensions() {
   const Device device = test::worker_device();
   auto reference = test::make_mlp(7);
   reference->to(device);
-  pipeline::DistributedPipeline pipe(test::make_mlp(7), mesh.pipeline,
-                                     {.device = device, .micro_batches = 2, .schedule = "1f1b"});
+  pipeline::DistributedPipeline pipe(test::make_mlp(7), mesh,
+                                     {.device = device, .bucket_cap_mb = 1e-4, .first_bucket_mb = 1e-5,
+                                      .micro_batches = 2, .schedule = schedule,
+                                      .virtual_stages = schedule == "interleaved" ? 2 : 1});
   optim::SGD sgd_ref(reference->parameters(), optim::SGDOptions{0.05, 0.9});
   optim::SGD sgd_pipe(pipe.parameters(), optim::SGDOptions{0.05, 0.9});
-  for (int s = 0; s < 10; ++s) {
+  constexpr int kSteps = 10;
+  trace::start();
+  for (int s = 0; s < kSteps; ++s) {
     const auto [x, y] = batch_of_step(s, 16, device);
     const double expected = reference_step(*reference, sgd_ref, x, y);
     sgd_pipe.zero_grad();
     const pipeline::StepResult result =
         pipe.step(x.narrow(0, 8 * mesh.replica, 8), y.narrow(0, 8 * mesh.replica, 8), cross_entropy_of);
-    average_gradients(pipe.parameters(), *mesh.replicas_group);
     sgd_pipe.step();
-    if (pipe.holds_stage(1)) {
+    if (pipe.holds_stage(pipe.num_stages() - 1)) {
       Tensor loss = result.loss.detach().clone();
       mesh.replicas_group->all_reduce(loss, ReduceOp::Avg)->wait();
       failures += loss_differs(rank, s, loss.item(), expected);
     }
   }
+  trace::stop();
   failures += count_differing(pipe.named_parameters(), reference->named_parameters(), rank);
-  std::cout << "rank " << rank << ": pipeline rank " << mesh.position << " of replica " << mesh.replica
-            << ", 10 steps equal one device" << std::endl;
+  // The buckets' launches, each inside the last backward of some stage of this rank.
+  const std::string json = trace::json();
+  std::vector<test::TracedSpan> last_backwards, launches;
+  for (int st = 0; st < pipe.num_stages(); ++st) {
+    if (!pipe.holds_stage(st)) continue;
+    std::string last;
+    for (const pipeline::Action& a : pipe.schedule().actions[mesh.position])
+      if (a.kind == pipeline::ActionKind::Backward && a.stage == st) last = a.str();
+    for (const auto& span : test::traced_events(json, last)) last_backwards.push_back(span);
+  }
+  for (int b = 0;; ++b) {
+    const auto found = test::traced_events(json, "bucket " + std::to_string(b) + " ready", /*instants=*/true);
+    if (found.empty()) break;
+    launches.insert(launches.end(), found.begin(), found.end());
+  }
+  if (launches.size() < 2 * kSteps)
+    std::cout << "FAIL: rank " << rank << " launched " << launches.size() << " buckets in " << kSteps << " steps"
+              << std::endl, ++failures;
+  for (const auto& b : last_backwards) {
+    const bool launched = std::any_of(launches.begin(), launches.end(), [&](const test::TracedSpan& launch) {
+      return b.ts <= launch.ts && launch.ts <= b.ts + b.dur;
+    });
+    if (!launched)
+      std::cout << "FAIL: rank " << rank << "'s last backward at " << b.ts << " us launched no bucket" << std::endl,
+          ++failures;
+  }
+  for (const auto& launch : launches) {
+    const bool inside = std::any_of(last_backwards.begin(), last_backwards.end(), [&](const test::TracedSpan& b) {
+      return b.ts <= launch.ts && launch.ts <= b.ts + b.dur;
+    });
+    if (!inside)
+      std::cout << "FAIL: rank " << rank << " launched a bucket at " << launch.ts << " us, outside its stages' last "
+                << "backwards" << std::endl, ++failures;
+  }
+  std::cout << "rank " << rank << ": pipeline rank " << mesh.position << " of replica " << mesh.replica << ", "
+            << kSteps << " steps equal one device (" << schedule << "), " << launches.size()
+            << " bucket launches inside last backwards" << std::endl;
   destroy_process_group();
   return failures == 0 ? 0 : 1;
+}
+
+// A replicated pipeline (2 x 2) whose last stage holds a trainable parameter that takes no part
+// in the forward. Without find_unused_parameters that stage's replicas (ranks 2 and 3) fail their
+// first step naming it, and the first stage's finish theirs. With it every rank steps, and the
+// parameter keeps no gradient; then every rank freezes a parameter of its stage, and its next
+// step fails before any message: the reducers were built for the parameters trainable then.
+int scenario_replica_unused(bool find_unused) {
+  init_process_group(test::worker_backend());
+  const int rank = get_rank();
+  const pipeline::PipelineMesh mesh = pipeline::pipeline_mesh(2);
+  const Device device = test::worker_device();
+  auto model = test::make_mlp(7);
+  // A layer whose forward ignores its parameter.
+  struct Ignoring : nn::Module {
+    Ignoring() : Module("Ignoring") { register_parameter("ignored", ones({3}, TensorOptions(DType::Float64))); }
+    Tensor forward(const Tensor& x) override { return x; }
+    std::shared_ptr<nn::Module> shallow_copy() const override { return std::make_shared<Ignoring>(*this); }
+  };
+  model->push_back(std::make_shared<Ignoring>());
+  pipeline::DistributedPipeline pipe(model, mesh,
+                                     {.device = device, .find_unused_parameters = find_unused, .micro_batches = 2});
+  const auto [x, y] = batch_of_step(0, 16, device);
+  auto step = [&] { pipe.step(x.narrow(0, 8 * mesh.replica, 8), y.narrow(0, 8 * mesh.replica, 8), cross_entropy_of); };
+  if (!find_unused) {
+    if (mesh.position == 1) return must_fail("stepped with a parameter without a gradient", step);
+    step();
+    std::cout << "rank " << rank << ": stepped" << std::endl;
+    destroy_process_group();
+    return 0;
+  }
+  int failures = 0;
+  for (int s = 0; s < 2; ++s) step();
+  for (const auto& [name, p] : pipe.named_parameters())
+    if (p.grad().defined() == (name == "7.ignored"))
+      std::cout << "FAIL: rank " << rank << ": " << name << (p.grad().defined() ? " has" : " has no") << " gradient"
+                << std::endl, ++failures;
+  std::cout << "rank " << rank << ": stepped" << std::endl;
+  pipe.parameters().front().requires_grad_(false);
+  return failures + must_fail("stepped with a parameter frozen after construction", step);
 }
 
 }  // namespace
@@ -459,11 +543,12 @@ int main(int argc, char** argv) {
   const std::string first = argc >= 2 ? argv[1] : "";
   const bool alone = first == "mismatch" || first == "buffers" || first == "balance" || first == "balance-fails" ||
                      first == "two-dimensions" || first == "replica-buffers" || first == "replica-mismatch" ||
-                     first == "replica-balance" || first == "replica-counts" || first == "replica-options";
+                     first == "replica-balance" || first == "replica-counts" || first == "replica-options" ||
+                     first == "replica-unused";
   if (argc < 2 || (!alone && argc < 3) || (first == "loop" && argc != 9 && argc != 10)) {
     std::cerr << "usage: pipeline_worker SCHEDULE MICRO_BATCHES [VIRTUAL_STAGES [ACTIVATION_CHECKPOINTING]] | "
-                 "pipeline_worker mismatch|buffers|balance|balance-fails|two-dimensions|replica-buffers|"
-                 "replica-mismatch|replica-balance|replica-counts|replica-options | "
+                 "pipeline_worker mismatch|buffers|balance|balance-fails|two-dimensions [SCHEDULE]|replica-buffers|"
+                 "replica-mismatch|replica-balance|replica-counts|replica-options|replica-unused [find-unused] | "
                  "pipeline_worker loop first|rest sgd|adam SCHEDULE MICRO_BATCHES VIRTUAL_STAGES CHECKPOINT REPLICAS "
                  "[REPLICAS_BEFORE]\n";
     return 2;
@@ -479,12 +564,14 @@ int main(int argc, char** argv) {
   };
   if (first == "buffers") return run(scenario_buffers);
   if (first == "balance") return run(scenario_balance);
-  if (first == "two-dimensions") return run(scenario_two_dimensions);
+  if (first == "two-dimensions") return run([&] { return scenario_two_dimensions(argc >= 3 ? argv[2] : "1f1b"); });
   if (first == "replica-buffers") return run(scenario_replica_buffers);
   if (first == "replica-mismatch") return run(scenario_replica_mismatch);
   if (first == "replica-balance") return run(scenario_replica_balance);
   if (first == "replica-counts") return run(scenario_replica_counts);
   if (first == "replica-options") return run(scenario_replica_options);
+  if (first == "replica-unused")
+    return run([&] { return scenario_replica_unused(argc >= 3 && std::string(argv[2]) == "find-unused"); });
   if (first == "balance-fails") {
     return run([] {
       init_process_group(test::worker_backend());

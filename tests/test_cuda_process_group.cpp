@@ -224,3 +224,14 @@ TEST_CASE("nccl: a pipeline TrainLoop resumed on another number of CUDA ranks eq
       test::run_processes({WEFT_PIPELINE_WORKER, "replica-buffers"}, nccl_rank_envs(4), std::chrono::seconds(240)));
   std::filesystem::remove(checkpoint);
 }
+
+TEST_CASE("nccl: replicated pipelines average their stages during the backward, equal one device") {
+  if (skip_without_nccl()) return;
+  // Note [Replicated stages]: the buckets' all-reduces over one NCCL communicator launched while
+  // the pipeline's sends and receives run over others, for both schedules.
+  for (const char* schedule : {"1f1b", "interleaved"}) {
+    CAPTURE(schedule);
+    test::check_all_ok(test::run_processes({WEFT_PIPELINE_WORKER, "two-dimensions", schedule}, nccl_rank_envs(4),
+                                           std::chrono::seconds(240)));
+  }
+}

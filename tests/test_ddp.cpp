@@ -600,6 +600,54 @@ TEST_CASE("assign_buckets: readiness order, one dtype and device per bucket, a s
                        Error);
 }
 
+TEST_CASE("Reducer: finish_at_end_of_backward = false leaves the buckets to finish(), as a pipeline's stage needs") {
+  if (test::skip_without_gloo()) return;
+  auto group = test::solo_group();
+  Generator gen(9);
+  auto model = std::make_shared<nn::MLP>(6, std::vector<int64_t>{5}, 4, 0.0, &gen);
+  std::vector<std::string> names;
+  for (const auto& [name, p] : model->named_parameters()) names.push_back(name);
+  parallel::Reducer reducer(model->parameters(), names, group,
+                            {.bucket_cap_bytes = 100, .first_bucket_cap_bytes = 10,
+                             .finish_at_end_of_backward = false, .owner = "the stage's average"});
+  // A hook that doubles each bucket where the all-reduce would average it, and counts them.
+  int launched = 0;
+  reducer.set_comm_hook([&](parallel::ProcessGroup&, const parallel::GradBucket& bucket) {
+    mul_(bucket.buffer, 2.0);
+    ++launched;
+    return parallel::completed_work();
+  });
+  CHECK_THROWS_WITH_AS(reducer.finish(), Contains("the stage's average (rank 0): Reducer::finish() without "
+                                                  "prepare_for_backward"), Error);
+  // Gradients accumulated before the reducer is armed (a stage's earlier micro-batches) are
+  // reduced with those of the backward it is armed for: their sum, doubled by the hook.
+  sum(model->forward(ones({2, 6}))).backward();
+  CHECK(launched == 0);
+  reducer.prepare_for_backward({});
+  sum(model->forward(full({3, 6}, 0.5))).backward();
+  CHECK(launched == static_cast<int>(reducer.buckets().size()));  // launched during the backward
+  CHECK(reducer.buckets().size() > 1);
+  CHECK(reducer.expecting_gradients());  // but the end of backward finished nothing
+  CHECK(reducer.iterations() == 0);
+  std::vector<Tensor> accumulated;
+  for (const Tensor& p : model->parameters()) accumulated.push_back(p.grad().clone());
+  reducer.finish();
+  CHECK_FALSE(reducer.expecting_gradients());
+  CHECK(reducer.iterations() == 1);
+  const auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) CHECK_CLOSE(params[i].grad(), mul(accumulated[i], 2.0), 0, 0);
+  // A backward that is not followed by finish() leaves the next one out of step, and says so.
+  reducer.prepare_for_backward({});
+  sum(model->forward(ones({2, 6}))).backward();
+  CHECK_THROWS_WITH_AS(reducer.prepare_for_backward({}),
+                       Contains("the stage's average (rank 0): the previous backward failed before it finished (or "
+                                "was not followed by finish())"),
+                       Error);
+  parallel::Reducer plain(model->parameters(), names, group, {});
+  CHECK_THROWS_WITH_AS(plain.finish(), Contains("finish() is for a reducer made with finish_at_end_of_backward = "
+                                                "false"), Error);
+}
+
 TEST_CASE("Reducer: buckets start in reverse registration order and are rebuilt in the order gradients arrived") {
   if (test::skip_without_gloo()) return;
   auto group = test::solo_group();

@@ -474,13 +474,39 @@ TEST_CASE("distributed pipeline: broadcast_stages carries BatchNorm's statistics
   }
 }
 
-TEST_CASE("two dimensions: two pipelines of two stages, each stage averaged over its replicas, equal one device") {
+TEST_CASE("two dimensions: pipelines of two ranks, each stage averaged over its replicas during the backward, "
+          "equal one device") {
   if (!parallel::gloo_available()) return;
   // Note [Two dimensions: pipelines replicated over data-parallel groups] (tests/pipeline_worker.cpp).
-  const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "two-dimensions"}, 4, std::chrono::seconds(120));
-  test::check_all_ok(outcomes);
-  for (const auto& outcome : outcomes)
-    CHECK_MESSAGE(outcome.output.find("10 steps equal one device") != std::string::npos, outcome.output);
+  for (const char* schedule : {"1f1b", "interleaved"}) {
+    CAPTURE(schedule);
+    const auto outcomes =
+        test::run_ranks({WEFT_PIPELINE_WORKER, "two-dimensions", schedule}, 4, std::chrono::seconds(120));
+    test::check_all_ok(outcomes);
+    for (const auto& outcome : outcomes)
+      CHECK_MESSAGE(outcome.output.find("10 steps equal one device") != std::string::npos, outcome.output);
+  }
+}
+
+TEST_CASE("replicated pipelines: a stage's trainable parameter without a gradient is named by its replicas, and "
+          "found with find_unused_parameters") {
+  if (!parallel::gloo_available()) return;
+  auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-unused"}, 4, std::chrono::seconds(60));
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
+    const std::string said = r >= 2 ? "parameter(s) '7.ignored' received no gradient in this backward" : "stepped";
+    CHECK_MESSAGE(outcomes[r].output.find(said) != std::string::npos, outcomes[r].output);
+  }
+  // With the flag every rank steps; a parameter frozen after construction then fails every rank.
+  outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-unused", "find-unused"}, 4, std::chrono::seconds(60));
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
+    const bool said = outcomes[r].output.find("stepped") != std::string::npos &&
+                      outcomes[r].output.find("trainable parameters, but") != std::string::npos;
+    CHECK_MESSAGE(said, outcomes[r].output);
+  }
 }
 
 TEST_CASE("distributed pipeline: ranks that disagree on the options fail at construction, naming the field") {

@@ -9,11 +9,9 @@
 #include "core/error.h"
 #include "core/trace.h"
 #include "parallel/distributed.h"
-#include "parallel/model_averaging.h"
 #include "parallel/optimizer_state_gather.h"
 #include "parallel/pipeline/tensor_header.h"
 #include "parallel/post_localsgd_optimizer.h"
-#include "parallel/text_collectives.h"
 #include "parallel/zero_redundancy_optimizer.h"
 #include "train/launch.h"
 #include "train/pipeline_strategy.h"
@@ -49,51 +47,14 @@ std::shared_ptr<nn::Module> DistributedPipelineStrategy::prepare(std::shared_ptr
                                                      .balance_by = options_.balance_by,
                                                      // replicas agree on the options, and share one balance
                                                      .job_group = mesh_.replicas_group ? group_ : nullptr,
+                                                     .replicas_group = mesh_.replicas_group,
                                                      .micro_batches = options_.micro_batches,
                                                      .schedule = options_.schedule,
                                                      .virtual_stages = options_.virtual_stages,
                                                      .activation_checkpointing = options_.activation_checkpointing});
   for (int s = 0; s < pipeline_->num_stages(); ++s)
     for (const Tensor& p : pipeline_->stage(s).parameters()) owners_[p.impl()] = pipeline_->schedule().rank_of(s);
-  for (const Tensor& p : pipeline_->parameters())
-    if (p.requires_grad()) averaged_.push_back(p);  // frozen ones have no gradient to average
-  start_replicas_equal();
   return pipeline_;
-}
-
-void DistributedPipelineStrategy::start_replicas_equal() const {
-  if (!mesh_.replicas_group) return;
-  // The replicas of this rank's stages must hold the same tensors, or averaging their gradients
-  // would mix unrelated ones (or wait for a message of another size).
-  std::vector<std::string> lines;
-  std::vector<Tensor> state;
-  for (int s = 0; s < pipeline_->num_stages(); ++s) {
-    if (!pipeline_->holds_stage(s)) continue;
-    for (const auto& [name, t] : pipeline_->stage(s).state_dict()) {
-      lines.push_back("stage " + std::to_string(s) + " " + name + " " + t.shape().str() + " " +
-                      std::string(dtype_name(t.dtype())));
-      state.push_back(t);
-    }
-  }
-  const auto difference = parallel::first_difference_across_ranks(*mesh_.replicas_group, lines, device_);
-  // Every rank hears of a difference at any position: the positions whose replicas agree would
-  // otherwise wait for the others in their next collective.
-  const int positions = group_->size() / mesh_.replicas;
-  std::vector<double> differs(static_cast<size_t>(positions), 0.0);
-  differs[static_cast<size_t>(mesh_.position)] = difference ? 1.0 : 0.0;
-  Tensor flags = tensor(differs).to(device_);
-  group_->all_reduce(flags, parallel::ReduceOp::Max)->wait();
-  if (difference)
-    WEFT_FAIL(kWho, ": the replicas of pipeline position ", mesh_.position, " hold different stages: ", *difference,
-              " (ranks counted within the replica group, where rank d is replica d; every rank must build the same "
-              "model and options)");
-  std::string elsewhere;
-  const std::vector<double> any = flags.to(kCPU).to_vector<double>();
-  for (int p = 0; p < positions; ++p)
-    if (any[static_cast<size_t>(p)] != 0) elsewhere += (elsewhere.empty() ? "" : ", ") + std::to_string(p);
-  WEFT_CHECK(elsewhere.empty(), kWho, ": the replicas of pipeline position ", elsewhere, " hold different stages "
-             "(the errors of those ranks say how; every rank must build the same model and options)");
-  parallel::broadcast_tensors(state, *mesh_.replicas_group, 0);
 }
 
 std::shared_ptr<data::DataLoader> DistributedPipelineStrategy::shard(std::shared_ptr<data::DataLoader> loader,
@@ -121,10 +82,6 @@ Tensor DistributedPipelineStrategy::train_step(nn::Module& model, const data::Ba
   auto& pipe = as_pipeline(model);
   optimizer.zero_grad();
   const parallel::pipeline::StepResult result = pipe.step(batch.data, batch.target, criterion);
-  if (mesh_.replicas_group) {
-    TraceSpan span("average gradients", device_);
-    parallel::average_gradients(averaged_, *mesh_.replicas_group);
-  }
   {
     TraceSpan span("optimizer step", device_);
     optimizer.step();
@@ -198,16 +155,7 @@ void DistributedPipelineStrategy::barrier() { group_->barrier()->wait(); }
 
 void DistributedPipelineStrategy::consolidate_replicas(optim::Optimizer& optimizer) {
   TraceSpan span("gather stages", device_);
-  if (mesh_.replicas_group) {
-    // Replica 0's buffers (BatchNorm's running statistics) in every replica, as DDP's rank 0's;
-    // the parameters and optimizer states are equal already.
-    std::vector<Tensor> buffers;
-    for (int s = 0; s < pipeline_->num_stages(); ++s)
-      if (pipeline_->holds_stage(s))
-        for (const Tensor& b : pipeline_->stage(s).buffers()) buffers.push_back(b);
-    parallel::broadcast_tensors(buffers, *mesh_.replicas_group, 0);
-  }
-  pipeline().broadcast_stages();
+  pipeline().broadcast_stages();  // with replicas, replica 0's buffers too
   // This rank's entries of the optimizer's state: those of the parameters it steps, and the
   // hyperparameters. An optimizer over parameters that are not the model's is a problem every
   // rank hears of.

@@ -20,18 +20,18 @@
 // PipelineMesh's layout: rank r is position r / R of replica r % R). Each replica's ranks load
 // their replica's shard of the data (DistributedSampler and DistributedEvalSampler over the R
 // replicas, as ddp shards over its ranks: a batch is batch_size samples per replica) and run
-// it through their pipeline; after the backward each rank averages its stages' gradients over
-// the ranks that hold the same stages in the other replicas (one all-reduce per dtype, not
-// overlapped with the backward), so every replica steps alike and the job trains as one model
-// on batches of R x batch_size. The replicas' parameters and the optimizers' states stay
-// bitwise equal (every rank of a replica group gets the same average); BatchNorm's running
+// it through their pipeline, whose stages average their gradients over the ranks that hold the
+// same stages in the other replicas, overlapped with the backward (Note [Replicated stages] in
+// parallel/pipeline/distributed_pipeline.h), so every replica steps alike and the job trains as
+// one model on batches of R x batch_size. The replicas' parameters and the optimizers' states
+// stay bitwise equal (every rank of a replica group gets the same average); BatchNorm's running
 // statistics do not (each replica sees its own samples), so consolidate_replicas first gives
-// every replica replica 0's, as DDP broadcasts rank 0's before each forward. The epoch's sums
-// are added over the replicas (each pipeline's ranks agreeing), the loss as the pipelines'
-// first ranks hold it; checkpoints are replica 0's pipeline's, written by rank 0, and resume on
-// any layout (another R, another pipeline length, one process, ddp). A mid-epoch one goes on in
-// the same sample order on any R > 1 and in ddp; with R = 1 (or on one device) the epoch's
-// order is the loader's own, so the rest of that epoch differs, and resume() says so.
+// every replica replica 0's (broadcast_stages), as DDP broadcasts rank 0's before each forward.
+// The epoch's sums are added over the replicas (each pipeline's ranks agreeing), the loss as the
+// pipelines' first ranks hold it; checkpoints are replica 0's pipeline's, written by rank 0, and
+// resume on any layout (another R, another pipeline length, one process, ddp). A mid-epoch one
+// goes on in the same sample order on any R > 1 and in ddp; with R = 1 (or on one device) the
+// epoch's order is the loader's own, so the rest of that epoch differs, and resume() says so.
 //
 // Note [Checkpoints of a pipeline across processes]: rank 0's copy of the model holds the
 // weights it was built with outside its own stages. Before each checkpoint and each epoch's
@@ -104,17 +104,12 @@ class DistributedPipelineStrategy final : public Strategy {
   // The rank of the pipeline whose stage holds `param` (an optimizer's), or -1.
   int owner_of(const Tensor& param) const;
 
-  // replicas > 1: throws naming the first difference between the replicas of this rank's
-  // stages (their parameters' names, shapes and dtypes), then gives them replica 0's values.
-  void start_replicas_equal() const;
-
   DistributedPipelineStrategyOptions options_;
   Device device_;
   std::shared_ptr<parallel::ProcessGroup> group_;  // the whole job
   parallel::pipeline::PipelineMesh mesh_;
   std::shared_ptr<parallel::pipeline::DistributedPipeline> pipeline_;
   std::map<const void*, int> owners_;  // each stage's parameters (by identity) -> its pipeline rank
-  std::vector<Tensor> averaged_;  // replicas: this rank's parameters that train, whose gradients they average
 };
 
 }  // namespace weft::train

@@ -18,11 +18,16 @@
 #include "kernels/shape_ops.h"
 #include "parallel/collective_support.h"
 #include "parallel/connect_peers.h"
+#include "parallel/model_averaging.h"
 #include "parallel/pipeline/tensor_header.h"
+#include "parallel/text_collectives.h"
 
 namespace weft::parallel::pipeline {
 
 namespace {
+
+// A bucket cap in bytes; -1 for what is no size (not positive, NaN, a million MiB or more).
+int64_t bucket_bytes(double mb) { return mb > 0 && mb < 1e6 ? static_cast<int64_t>(mb * (1 << 20)) : -1; }
 
 // The stage that receives what `a` (a SEND or RECV action) carries, and the one that sends it.
 int receiving_stage(const Action& a) {
@@ -147,6 +152,9 @@ DistributedPipeline::DistributedPipeline(std::shared_ptr<nn::Sequential> model, 
   check_ranks_agree(model->size());
   WEFT_CHECK(options_.virtual_stages >= 1, "DistributedPipeline: virtual_stages must be at least 1, got ",
              options_.virtual_stages);
+  WEFT_CHECK(bucket_bytes(options_.bucket_cap_mb) > 0 && bucket_bytes(options_.first_bucket_mb) > 0,
+             "DistributedPipeline: bucket_cap_mb and first_bucket_mb must be at least a byte, got ",
+             options_.bucket_cap_mb, " and ", options_.first_bucket_mb);
   WEFT_CHECK(options_.balance.empty() || !options_.balance_by,
              "DistributedPipeline: give balance or balance_by, not both");
   recomputed_micro_batches(options_.activation_checkpointing, 1);  // a mode it knows
@@ -159,13 +167,89 @@ DistributedPipeline::DistributedPipeline(std::shared_ptr<nn::Sequential> model, 
     stages_[s]->to(options_.device);
     for (const auto& [name, layer] : stages_[s]->named_children()) register_module(name, layer);
   }
+  if (options_.replicas_group) {
+    start_replicas_equal();
+    make_reducers();
+  }
+}
+
+DistributedPipeline::DistributedPipeline(std::shared_ptr<nn::Sequential> model, const PipelineMesh& mesh,
+                                         DistributedPipelineOptions options)
+    : DistributedPipeline(std::move(model), mesh.pipeline, [&] {
+        if (mesh.replicas_group) options.job_group = mesh.job;
+        options.replicas_group = mesh.replicas_group;
+        return std::move(options);
+      }()) {}
+
+void DistributedPipeline::start_replicas_equal() const {
+  WEFT_CHECK(options_.job_group != nullptr, "DistributedPipeline: replicas_group needs job_group (the whole job's "
+             "ranks, which check that the replicas agree); pipeline_mesh's mesh gives both");
+  ProcessGroup& replicas = *options_.replicas_group;
+  WEFT_CHECK(options_.job_group->size() == group_->size() * replicas.size(), "DistributedPipeline: a job of ",
+             options_.job_group->size(), " ranks cannot hold ", replicas.size(), " replicas of a pipeline of ",
+             group_->size(), " ranks");
+  // The replicas of this rank's stages must hold the same tensors, or averaging their gradients
+  // would mix unrelated ones (or wait for a message of another size).
+  std::vector<std::string> lines;
+  std::vector<Tensor> state;
+  for (int s = 0; s < num_stages(); ++s) {
+    if (!holds_stage(s)) continue;
+    for (const auto& [name, t] : stages_[s]->state_dict()) {
+      lines.push_back("stage " + std::to_string(s) + " " + name + " " + t.shape().str() + " " +
+                      std::string(dtype_name(t.dtype())));
+      state.push_back(t);
+    }
+  }
+  const auto difference = first_difference_across_ranks(replicas, lines, options_.device);
+  // Every rank hears of a difference at any position: the positions whose replicas agree would
+  // otherwise wait for the others in their next collective.
+  const int position = group_->rank();
+  std::vector<double> differs(static_cast<size_t>(group_->size()), 0.0);
+  differs[static_cast<size_t>(position)] = difference ? 1.0 : 0.0;
+  Tensor flags = tensor(differs).to(options_.device);
+  options_.job_group->all_reduce(flags, ReduceOp::Max)->wait();
+  if (difference)
+    WEFT_FAIL("DistributedPipeline: the replicas of pipeline position ", position, " hold different stages: ",
+              *difference, " (ranks counted within the replica group, where rank d is replica d; every rank must "
+              "build the same model and options)");
+  std::string elsewhere;
+  const std::vector<double> any = flags.to(kCPU).to_vector<double>();
+  for (int p = 0; p < group_->size(); ++p)
+    if (any[static_cast<size_t>(p)] != 0) elsewhere += (elsewhere.empty() ? "" : ", ") + std::to_string(p);
+  WEFT_CHECK(elsewhere.empty(), "DistributedPipeline: the replicas of pipeline position ", elsewhere, " hold different "
+             "stages (the errors of those ranks say how; every rank must build the same model and options)");
+  broadcast_tensors(state, replicas, 0);
+}
+
+void DistributedPipeline::make_reducers() {
+  for (int s = 0; s < num_stages(); ++s) {
+    if (!holds_stage(s)) continue;
+    std::vector<Tensor> params;
+    std::vector<std::string> names;
+    for (const auto& [name, p] : stages_[s]->named_parameters())
+      if (p.requires_grad()) params.push_back(p), names.push_back(name);  // frozen ones have nothing to average
+    if (params.empty()) continue;
+    reducers_[s] = std::make_unique<Reducer>(
+        std::move(params), std::move(names), options_.replicas_group,
+        ReducerOptions{.bucket_cap_bytes = bucket_bytes(options_.bucket_cap_mb),
+                       .first_bucket_cap_bytes = bucket_bytes(options_.first_bucket_mb),
+                       .find_unused_parameters = options_.find_unused_parameters,
+                       .finish_at_end_of_backward = false,
+                       .owner = "stage " + std::to_string(s) + "'s gradients averaged over its replica group",
+                       .unused_parameter_advice = "A parameter of a replicated stage that takes no part in producing "
+                                                  "the output of the stage's last micro-batch needs "
+                                                  "DistributedPipelineOptions::find_unused_parameters (as DDP's), or "
+                                                  "else freeze it (requires_grad_(false) before the pipeline is "
+                                                  "built)"});
+  }
 }
 
 void DistributedPipeline::check_ranks_agree(size_t layers) const {
   // What every rank must share, as numbers: layers, ranks per pipeline, micro-batches, stages
   // per rank, the schedule and the activation checkpointing mode (by their index among the
-  // known ones, -1 for another), whether balance_by is given, and the balance (up to 8
-  // stages' worth). Over job(): the replicas of a pipeline must agree too.
+  // known ones, -1 for another), whether balance_by is given, the replicas and how their
+  // reducers run (their buckets must match), and the balance (up to 8 stages' worth). Over job():
+  // the replicas of a pipeline must agree too.
   auto index_of = [](const std::string& name, std::initializer_list<const char*> known) {
     int64_t i = 0;
     for (const char* k : known) {
@@ -178,7 +262,9 @@ void DistributedPipeline::check_ranks_agree(size_t layers) const {
   const int64_t recompute = index_of(options_.activation_checkpointing, {"never", "except_last", "always"});
   std::vector<int64_t> mine{static_cast<int64_t>(layers), group_->size(), options_.micro_batches,
                             options_.virtual_stages, schedule, recompute, options_.balance_by ? 1 : 0,
-                            static_cast<int64_t>(options_.balance.size())};
+                            options_.replicas_group ? options_.replicas_group->size() : 0,
+                            bucket_bytes(options_.bucket_cap_mb), bucket_bytes(options_.first_bucket_mb),
+                            options_.find_unused_parameters ? 1 : 0, static_cast<int64_t>(options_.balance.size())};
   for (size_t k = 0; k < 8; ++k)
     mine.push_back(k < options_.balance.size() ? static_cast<int64_t>(options_.balance[k]) : -1);
   const TensorOptions on_device(DType::Int64, options_.device);
@@ -188,7 +274,9 @@ void DistributedPipeline::check_ranks_agree(size_t layers) const {
   for (int r = 0; r < ranks.size(); ++r) all.push_back(zeros({static_cast<int64_t>(mine.size())}, on_device));
   ranks.all_gather(all, local)->wait();
   static const char* fields[] = {"layers", "pipeline ranks", "micro_batches", "virtual_stages", "schedule",
-                                 "activation_checkpointing", "balance_by given", "balance entries"};
+                                 "activation_checkpointing", "balance_by given", "replicas",
+                                 "bucket_cap_mb (in bytes)", "first_bucket_mb (in bytes)", "find_unused_parameters",
+                                 "balance entries"};
   constexpr size_t kFields = sizeof(fields) / sizeof(fields[0]);
   for (int r = 0; r < ranks.size(); ++r) {
     const std::vector<int64_t> theirs = all[r].to(kCPU).to_vector<int64_t>();
@@ -291,6 +379,15 @@ Tensor DistributedPipeline::forward(const Tensor& input) {
 void DistributedPipeline::broadcast_stages() {
   NoGradGuard no_grad;
   TraceSpan span("broadcast stages", options_.device);
+  if (options_.replicas_group) {
+    // Replica 0's buffers (BatchNorm's running statistics) in every replica, as DDP's rank 0's;
+    // the parameters are equal already.
+    std::vector<Tensor> buffers;
+    for (int s = 0; s < num_stages(); ++s)
+      if (holds_stage(s))
+        for (const Tensor& b : stages_[s]->buffers()) buffers.push_back(b);
+    broadcast_tensors(buffers, *options_.replicas_group, 0);
+  }
   for (int s = 0; s < num_stages(); ++s) {
     const int root = schedule_.rank_of(s);
     // The stage's tensors by dtype (a flat buffer holds one), in state_dict order on every rank.
@@ -332,6 +429,34 @@ std::string DistributedPipeline::rank_name() const {
   return "pipeline " + mine + " (rank " + std::to_string(options_.job_group->rank()) + " of the job)";
 }
 
+void DistributedPipeline::check_reducers_ready() const {
+  for (const auto& [s, reducer] : reducers_) {
+    WEFT_CHECK(!reducer->expecting_gradients(), "DistributedPipeline::step on ", rank_name(), ": a previous step "
+               "failed after stage ", s, " began averaging its gradients, so its replicas' collectives are out of "
+               "step; stop every rank and start the job again");
+    size_t trainable = 0;
+    for (const Tensor& p : stages_[s]->parameters()) trainable += p.requires_grad() ? 1 : 0;
+    WEFT_CHECK(trainable == reducer->parameter_count(), "DistributedPipeline::step on ", rank_name(), ": stage ", s,
+               " has ", trainable, " trainable parameters, but ", reducer->parameter_count(), " when the pipeline was "
+               "built, whose gradients its replicas average; freeze or unfreeze parameters before building it");
+  }
+}
+
+void DistributedPipeline::finish_reducers() {
+  // Every reducer waits for its buckets, also after another's error (the first is reported).
+  std::exception_ptr first;
+  for (auto& [s, reducer] : reducers_) {
+    // On a GPU as the device waited, as the reducer's "wait for buckets" inside it.
+    DeviceTraceSpan span("average gradients", options_.device);
+    try {
+      reducer->finish();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
 const Schedule& DistributedPipeline::schedule_for(const Tensor& input, const Tensor& target) {
   const Tensor& known = input.defined() && input.dim() >= 1 ? input : target;
   if (!known.defined() || known.dim() < 1) return schedule_;
@@ -369,12 +494,18 @@ StepResult DistributedPipeline::step(const Tensor& input, const Tensor& target, 
     data.sizes = micro_batch_sizes(data.batch, m);
     data.targets = split(target.detach().to(options_.device), data.sizes);
   }
+  // Replicas: each stage's last backward launches its buckets (Note [Replicated stages]).
+  check_reducers_ready();
+  data.before_last_backward = [this](int s, const Tensor& from) {
+    if (auto it = reducers_.find(s); it != reducers_.end()) it->second->prepare_for_backward({from});
+  };
   GroupTransport transport(*group_, schedule);
   try {
     run_stage_actions(
         schedule, group_->rank(), [this](int s) -> nn::Module& { return *stages_[s]; },
         [this](int) { return options_.device; }, transport, data);
     transport.finish();
+    finish_reducers();
   } catch (const std::exception& e) {
     WEFT_FAIL("DistributedPipeline::step (schedule ", schedule.name, ") on ", rank_name(), ": ", e.what());
   }

@@ -40,6 +40,32 @@
 // Each rank trains its stages only; the rest of its copy of the model keeps the values it was
 // built with. broadcast_stages() makes every rank's copy the whole trained model, for a rank
 // that saves or evaluates it alone (the TrainLoop's checkpoints: train/distributed_pipeline_strategy.h).
+//
+// Note [Replicated stages]: pipelines replicated over data-parallel groups (Megatron's PP x DP,
+// pipeline_mesh.h) are built from a PipelineMesh, or with replicas_group: the ranks that hold
+// this rank's stages in the other replicas. Each replica steps on its share of the batch, and
+// step() averages its stages' gradients over their replicas, overlapped with the backward as
+// DDP overlaps it and as Megatron's overlap_grad_reduce does in a pipeline: each stage has a
+// parallel::Reducer over its trainable parameters (buckets of 25 MiB, the first of 1 MiB, in
+// the order gradients arrive), which lets the gradients of the stage's micro-batches accumulate
+// (DDP's no_sync) until the backward of its last micro-batch, where each bucket's all-reduce is
+// launched as soon as its gradients are in (torch.distributed.pipelining arms DDP's reducer so
+// for the last backward). The rank then goes on, sending that backward's gradient to the
+// previous stage, and waits for the buckets only when its schedule is done, so the all-reduce
+// of the last stages runs during the other stages' cool-down, and the first stage's during its
+// own last backward. The replicas' parameters and optimizer states stay bitwise equal (every
+// member of a group gets the same average); their buffers do not (BatchNorm's statistics follow
+// each replica's samples), and broadcast_stages() first gives every replica replica 0's. At
+// construction the replicas of each stage are compared (the names, shapes and dtypes of their
+// tensors; a difference fails every rank of the job, the ranks concerned naming it), then take
+// replica 0's values, as DDP's construction takes rank 0's. Every trainable parameter of a
+// stage must get a gradient in the backward of the stage's last micro-batch, or its replicas would
+// wait for its bucket (an error names it); with find_unused_parameters, as in DDP, those that took
+// no part in that micro-batch's forward are found after it and contribute what the stage's other
+// micro-batches gave them (DDP's no_sync gradients), at the cost of a walk of that forward's graph
+// and a small all-reduce per stage and step. The trainable parameters are those at construction
+// (a step after another is frozen or unfrozen is an error). Every replica must give step()
+// batches of the same size (the same schedule).
 #pragma once
 
 #include <map>
@@ -50,9 +76,11 @@
 #include "nn/module.h"
 #include "nn/sequential.h"
 #include "parallel/pipeline/pipeline.h"
+#include "parallel/pipeline/pipeline_mesh.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/stage_runner.h"
 #include "parallel/process_group.h"
+#include "parallel/reducer.h"
 
 namespace weft::parallel::pipeline {
 
@@ -65,6 +93,15 @@ struct DistributedPipelineOptions {
   // at construction across it), and with balance_by its rank 0 measures for all of them, so
   // that every replica splits alike. Replicated pipelines (PipelineMesh) pass the whole job's.
   std::shared_ptr<ProcessGroup> job_group;
+  // Replicas of this pipeline (Note [Replicated stages]): the ranks that hold this rank's stages
+  // in every replica (PipelineMesh::replicas_group), over which step() averages their gradients;
+  // needs job_group. Null: no replicas.
+  std::shared_ptr<ProcessGroup> replicas_group;
+  double bucket_cap_mb = 25;   // replicas: the reducers' buckets (DDP's bucket_cap_mb, first_bucket_mb)
+  double first_bucket_mb = 1;
+  // Replicas: as DDP's; parameters that take no part in a stage's last micro-batch are found
+  // after its forward and contribute the gradients their stage's other micro-batches gave them.
+  bool find_unused_parameters = false;
   int micro_batches = 1;
   std::string schedule = "1f1b";    // gpipe, 1f1b or interleaved
   int virtual_stages = 1;           // stages per rank (interleaved)
@@ -78,12 +115,17 @@ class DistributedPipeline : public nn::Module {
  public:
   DistributedPipeline(std::shared_ptr<nn::Sequential> model, std::shared_ptr<ProcessGroup> group,
                       DistributedPipelineOptions options);
+  // This rank's replica of a pipeline of `mesh` (pipeline_mesh): over mesh.pipeline, with
+  // job_group and replicas_group the mesh's (Note [Replicated stages]).
+  DistributedPipeline(std::shared_ptr<nn::Sequential> model, const PipelineMesh& mesh,
+                      DistributedPipelineOptions options);
 
   StepResult step(const Tensor& input, const Tensor& target, const Criterion& criterion);
   // Every rank calls it; `input` is used on the first stage's rank (others may pass anything).
   Tensor forward(const Tensor& input) override;
   // A collective: each stage's parameters and buffers, broadcast from the rank that holds it
   // into every other rank's copy (one broadcast per stage and dtype, through this rank's device).
+  // With replicas, every rank of the job gets replica 0's (its buffers first go to the others).
   void broadcast_stages();
 
   void set_schedule(Schedule schedule);
@@ -117,12 +159,23 @@ class DistributedPipeline : public nn::Module {
   const Schedule& schedule_for(const Tensor& input, const Tensor& target);
   // parallel::connect_peers for the pairs of ranks the schedule sends between.
   void connect_peers(const Schedule& schedule) const;
+  // With replicas: throws on every rank when the replicas of some position hold different
+  // stages (naming the first difference where it is), then gives them replica 0's tensors.
+  void start_replicas_equal() const;
+  // With replicas: a reducer over each held stage's trainable parameters (Note [Replicated stages]).
+  void make_reducers();
+  // A step that failed after a reducer began leaves the replicas out of step, and a stage
+  // whose trainable parameters changed since construction would not average them: both are errors.
+  void check_reducers_ready() const;
+  // Every reducer's finish(), in stage order; the first error is rethrown after all ran.
+  void finish_reducers();
 
   std::shared_ptr<ProcessGroup> group_;
   DistributedPipelineOptions options_;
   std::vector<std::shared_ptr<nn::Sequential>> stages_;  // every stage; only this rank's are used
   Schedule schedule_;
   std::map<int, Schedule> short_schedules_;  // by micro-batches: schedule_for's
+  std::map<int, std::unique_ptr<Reducer>> reducers_;  // by stage: this rank's with trainable parameters
 };
 
 }  // namespace weft::parallel::pipeline

@@ -17,6 +17,7 @@ PipelineMesh pipeline_mesh(int replicas) {
   mesh.replicas = replicas;
   mesh.replica = rank % replicas;
   mesh.position = rank / replicas;
+  mesh.job = default_group_ptr();
   if (replicas == 1) {
     mesh.pipeline = default_group_ptr();
     return mesh;

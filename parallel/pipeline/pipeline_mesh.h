@@ -3,8 +3,8 @@
 //
 //   init_process_group("gloo");                    // weft-run --nproc-per-node 4
 //   auto mesh = parallel::pipeline::pipeline_mesh(/*replicas=*/2);
-//   DistributedPipeline pipe(model, mesh.pipeline, {...});   // this rank's pipeline
-//   ... pipe.step(my share of the batch); average_gradients(pipe.parameters(), *mesh.replicas_group);
+//   DistributedPipeline pipe(model, mesh, {...});  // this rank's replica of the pipeline
+//   ... pipe.step(my share of the batch);           // gradients averaged over the replicas
 //
 // R replicas of a pipeline of P ranks need R * P ranks. Rank r is position r / R of replica
 // r % R: the R replicas of a position are consecutive ranks (ranks 0 .. R-1 hold every
@@ -30,6 +30,8 @@ struct PipelineMesh {
   // position * R + R - 1, renumbered by replica. Null when R is 1 (nothing to average): a
   // program that averages checks for it.
   std::shared_ptr<ProcessGroup> replicas_group;
+  // The whole job: the default group.
+  std::shared_ptr<ProcessGroup> job;
 };
 
 // The mesh over the default group (a collective: every rank calls it, with the same R). A

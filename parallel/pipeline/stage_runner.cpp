@@ -113,6 +113,9 @@ void run_stage_actions(const Schedule& schedule, int rank, const std::function<n
   step.losses.resize(m);
   step.outputs.resize(m);
   const std::vector<Action>& actions = schedule.actions[rank];
+  std::vector<size_t> last_backward(S, actions.size());  // per stage: the index of its last Backward
+  for (size_t index = 0; index < actions.size(); ++index)
+    if (actions[index].kind == ActionKind::Backward) last_backward[actions[index].stage] = index;
   for (size_t index = 0; index < actions.size(); ++index) {
     const Action& a = actions[index];
     const Device here = device(a.stage);
@@ -152,6 +155,8 @@ void run_stage_actions(const Schedule& schedule, int rank, const std::function<n
         break;
       case ActionKind::Backward:
         if (slot.recompute) forward_again(stage(a.stage), a, a.stage == S - 1, here, step, slot);
+        if (index == last_backward[a.stage] && step.before_last_backward)
+          step.before_last_backward(a.stage, a.stage == S - 1 ? slot.loss : slot.output);
         if (a.stage == S - 1) slot.loss.backward();
         else if (slot.output.requires_grad()) slot.output.backward(slot.grad_output);
         slot.output = Tensor(), slot.grad_output = Tensor(), slot.loss = Tensor();  // the activations go

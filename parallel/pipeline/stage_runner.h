@@ -70,6 +70,11 @@ struct StageStep {
   int64_t batch = 0;             // their sum
   int recompute_below = 0;       // micro-batches [0, this) are recomputed (activation checkpointing)
   const Criterion* criterion = nullptr;
+  // Called with a stage's index and what its last Backward action in this rank's list runs the
+  // backward from (the output, or the last stage's loss), just before that backward: the
+  // gradients it accumulates are the step's last (a replicated pipeline's reducers start averaging
+  // them then: distributed_pipeline.h).
+  std::function<void(int stage, const Tensor& from)> before_last_backward;
   // Filled for the last stage's micro-batches: the weighted losses and the outputs, detached.
   std::vector<Tensor> losses, outputs;
 };
