@@ -42,30 +42,31 @@
 // that saves or evaluates it alone (the TrainLoop's checkpoints: train/distributed_pipeline_strategy.h).
 //
 // Note [Replicated stages]: pipelines replicated over data-parallel groups (Megatron's PP x DP,
-// pipeline_mesh.h) are built from a PipelineMesh, or with replicas_group: the ranks that hold
-// this rank's stages in the other replicas. Each replica steps on its share of the batch, and
-// step() averages its stages' gradients over their replicas, overlapped with the backward as
-// DDP overlaps it and as Megatron's overlap_grad_reduce does in a pipeline: each stage has a
-// parallel::Reducer over its trainable parameters (buckets of 25 MiB, the first of 1 MiB, in
-// the order gradients arrive), which lets the gradients of the stage's micro-batches accumulate
-// (DDP's no_sync) until the backward of its last micro-batch, where each bucket's all-reduce is
-// launched as soon as its gradients are in (torch.distributed.pipelining arms DDP's reducer so
-// for the last backward). The rank then goes on, sending that backward's gradient to the
-// previous stage, and waits for the buckets only when its schedule is done, so the all-reduce
-// of the last stages runs during the other stages' cool-down, and the first stage's during its
-// own last backward. The replicas' parameters and optimizer states stay bitwise equal (every
-// member of a group gets the same average); their buffers do not (BatchNorm's statistics follow
-// each replica's samples), and broadcast_stages() first gives every replica replica 0's. At
-// construction the replicas of each stage are compared (the names, shapes and dtypes of their
-// tensors; a difference fails every rank of the job, the ranks concerned naming it), then take
-// replica 0's values, as DDP's construction takes rank 0's. Every trainable parameter of a
-// stage must get a gradient in the backward of the stage's last micro-batch, or its replicas would
-// wait for its bucket (an error names it); with find_unused_parameters, as in DDP, those that took
-// no part in that micro-batch's forward are found after it and contribute what the stage's other
-// micro-batches gave them (DDP's no_sync gradients), at the cost of a walk of that forward's graph
-// and a small all-reduce per stage and step. The trainable parameters are those at construction
-// (a step after another is frozen or unfrozen is an error). Every replica must give step()
-// batches of the same size (the same schedule).
+// pipeline_mesh.h) are built from a PipelineMesh, or with replicas_group: the ranks that hold this
+// rank's stages in the other replicas. Each replica steps on its share of the batch, and step()
+// averages its stages' gradients over their replicas, overlapped with the backward as DDP overlaps
+// it and as Megatron's overlap_grad_reduce does in a pipeline: each stage has a parallel::Reducer
+// over its trainable parameters (buckets of bucket_cap_mb, the first of first_bucket_mb, in the
+// order gradients arrive), which lets the gradients of the stage's micro-batches accumulate (DDP's
+// no_sync) until the backward of its last micro-batch, where each bucket's all-reduce is launched
+// as soon as its gradients are in (torch.distributed.pipelining arms DDP's reducer so for the last
+// backward). The rank then goes on, sending that backward's gradient to the previous stage, and
+// waits for the buckets only when its schedule is done, so the all-reduce of the last stages runs
+// during the other stages' cool-down, the first stage's only during its own last backward
+// (interleaved, a rank's later stage's also during its earlier stage's remaining backwards). The
+// replicas' parameters and optimizer states stay bitwise equal (every member of a group gets the
+// same average); their buffers do not (BatchNorm's statistics follow each replica's samples), and
+// broadcast_stages() first gives every replica replica 0's. At construction the replicas of each
+// stage are compared (the names, shapes and dtypes of their tensors; a difference fails every rank
+// of the job, the ranks concerned naming it), then take replica 0's values, as DDP's construction
+// takes rank 0's. Every trainable parameter of a stage must get a gradient in the backward of the
+// stage's last micro-batch, or its replicas would wait for its bucket (an error names it); with
+// find_unused_parameters, as in DDP, those that took no part in that micro-batch's forward are
+// found after it and contribute what the stage's other micro-batches gave them (DDP's no_sync
+// gradients), at the cost of a walk of that forward's graph and a small all-reduce per stage and
+// step. The trainable parameters are those at construction (a step after another is frozen or
+// unfrozen is an error). Every replica must give step() batches of the same size (the same
+// schedule).
 #pragma once
 
 #include <map>
