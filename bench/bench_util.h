@@ -16,6 +16,12 @@
 
 namespace weft::bench {
 
+// The median of `v` (the upper one of an even count; 0 when empty).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
 // Median over `rounds` of the time per call of `body`, in nanoseconds; each round runs
 // `calls` calls. A warm-up round runs first.
 template <class Body>

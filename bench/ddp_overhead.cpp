@@ -104,11 +104,6 @@ double state_bytes(const optim::Optimizer& optimizer) {
   return bytes;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 double mean(const std::vector<double>& v) {
   double sum = 0;
   for (double x : v) sum += x;
@@ -144,7 +139,7 @@ std::vector<double> time_steps(const std::vector<std::pair<nn::Module*, optim::O
   for (int i = 0; i < steps; ++i)
     for (size_t k = 0; k < runners.size(); ++k) ms[k].push_back(train_step(*runners[k].first, *runners[k].second, x, y));
   std::vector<double> out;
-  for (auto& v : ms) out.push_back(use_mean ? mean(v) : median(v));
+  for (auto& v : ms) out.push_back(use_mean ? mean(v) : bench::median(v));
   return out;
 }
 

@@ -53,11 +53,6 @@ double ms_since(Clock::time_point& t, const std::vector<Device>& devices, bool s
   return ms;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 std::shared_ptr<nn::Module> make_model(const std::string& name) {
   Generator gen(7);
   if (name == "convnet") return std::make_shared<nn::ConvNet>(10, &gen);
@@ -188,12 +183,12 @@ int main(int argc, char** argv) {
       }
     for (int round = 0; round < steps; ++round)
       for (Setup& s : setups) s.phases.push_back(step(*s.model, *s.sgd, s.x, s.y, s.devices, true));
-    const double one_device = median(setups.front().totals);
+    const double one_device = bench::median(setups.front().totals);
     for (Setup& s : setups) {
       auto med = [&](double Phases::*field) {
         std::vector<double> v;
         for (const Phases& p : s.phases) v.push_back(p.*field);
-        return median(v);
+        return bench::median(v);
       };
       // The check: this width's gradients against one device's, same weights and batch, in
       // evaluation mode (BatchNorm in training mode normalises each chunk by its own
@@ -212,7 +207,7 @@ int main(int argc, char** argv) {
       }
       const bool ok = diff < 1e-3;
       all_ok = all_ok && ok;
-      const double total = median(s.totals), ratio = total / one_device;
+      const double total = bench::median(s.totals), ratio = total / one_device;
       std::cout << std::left << std::setw(9) << name << std::right << std::setw(4) << s.width << std::fixed
                 << std::setprecision(2) << std::setw(10) << total << std::setw(8) << ratio << "x" << std::setw(8)
                 << med(&Phases::scatter) << std::setw(9) << med(&Phases::replicate) << std::setw(9)

@@ -49,11 +49,6 @@ std::vector<int> parse_list(const std::string& text) {
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // Per device row of the trace, the share of [first compute span's start, last one's end]
 // that no forward or backward span covers, averaged over the rows.
 double measured_bubble(const std::string& trace_json) {
@@ -172,7 +167,7 @@ int main(int argc, char** argv) {
         const double peak_kib = static_cast<double>(memory_stats(devices[0]).peak_bytes_in_use - before) / 1024.0;
         const double bubble = measured_bubble(trace::json());
         const double theory = static_cast<double>(p - 1) / (v * m + p - 1);
-        const double step_ms = median(times);
+        const double step_ms = bench::median(times);
         std::cout << std::setw(8) << p << std::setw(4) << m << "  " << std::left << std::setw(12) << schedule
                   << std::right << std::fixed << std::setprecision(2) << std::setw(11) << step_ms << std::setw(8)
                   << std::setprecision(3) << bubble << std::setw(8) << theory << std::setw(20) << std::setprecision(0)

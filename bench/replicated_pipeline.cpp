@@ -59,16 +59,12 @@ struct Config {
   std::string schedule = "1f1b", device_type = "cpu", json;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // One way of averaging: its pipeline, optimizer, and whether it averages after the step.
 struct Way {
   std::shared_ptr<DistributedPipeline> pipe;
   std::shared_ptr<optim::SGD> sgd;
   parallel::ProcessGroup* average_after = nullptr;  // the replica group, for "after the step"
+  std::vector<Tensor> averaged;                      // "after the step": the parameters it averages
 };
 
 // One step of `way` on this replica's batch, in ms.
@@ -78,10 +74,7 @@ double train_step(Way& way, const Tensor& x, const Tensor& y, Device device) {
   way.pipe->step(x, y, [](const Tensor& out, const Tensor& target) { return mse_loss(out, target); });
   if (way.average_after) {
     DeviceTraceSpan span("average gradients", device);  // as the pipeline's own (on a GPU: device time)
-    std::vector<Tensor> params;
-    for (const Tensor& p : way.pipe->parameters())
-      if (p.requires_grad()) params.push_back(p);
-    parallel::average_gradients(params, *way.average_after);
+    parallel::average_gradients(way.averaged, *way.average_after);
   }
   way.sgd->step();
   if (device.is_cuda()) synchronize(device);
@@ -123,6 +116,7 @@ int run_rank(const Config& c) {
   Way after, inside;
   after.pipe = std::make_shared<DistributedPipeline>(bench::balanced_model(c.width), mesh.pipeline, options);
   after.average_after = mesh.replicas_group.get();
+  after.averaged = after.pipe->parameters();  // every one trains
   inside.pipe = std::make_shared<DistributedPipeline>(bench::balanced_model(c.width), mesh, options);
   for (Way* way : {&after, &inside})
     way->sgd = std::make_shared<optim::SGD>(way->pipe->parameters(), optim::SGDOptions{0.01, 0.9});
@@ -156,7 +150,7 @@ int run_rank(const Config& c) {
   // shares (entries of other positions stay at the lowest double).
   const int P = c.stages;
   std::vector<double> v(3 + 4 * static_cast<size_t>(P), std::numeric_limits<double>::lowest());
-  v[0] = median(ms_after), v[1] = median(ms_inside), v[2] = differs;
+  v[0] = bench::median(ms_after), v[1] = bench::median(ms_inside), v[2] = differs;
   for (int k = 0; k < 2; ++k) {
     v[3 + (k * P) + mesh.position] = seen[k].first;
     v[3 + (2 + k) * P + mesh.position] = -seen[k].second;

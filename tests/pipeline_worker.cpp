@@ -474,22 +474,17 @@ int scenario_two_dimensions(const std::string& schedule) {
   if (launches.size() < 2 * kSteps)
     std::cout << "FAIL: rank " << rank << " launched " << launches.size() << " buckets in " << kSteps << " steps"
               << std::endl, ++failures;
-  for (const auto& b : last_backwards) {
-    const bool launched = std::any_of(launches.begin(), launches.end(), [&](const test::TracedSpan& launch) {
-      return b.ts <= launch.ts && launch.ts <= b.ts + b.dur;
-    });
-    if (!launched)
+  auto inside = [](const test::TracedSpan& launch, const test::TracedSpan& b) {
+    return b.ts <= launch.ts && launch.ts <= b.ts + b.dur;
+  };
+  for (const auto& b : last_backwards)
+    if (std::none_of(launches.begin(), launches.end(), [&](const auto& launch) { return inside(launch, b); }))
       std::cout << "FAIL: rank " << rank << "'s last backward at " << b.ts << " us launched no bucket" << std::endl,
           ++failures;
-  }
-  for (const auto& launch : launches) {
-    const bool inside = std::any_of(last_backwards.begin(), last_backwards.end(), [&](const test::TracedSpan& b) {
-      return b.ts <= launch.ts && launch.ts <= b.ts + b.dur;
-    });
-    if (!inside)
+  for (const auto& launch : launches)
+    if (std::none_of(last_backwards.begin(), last_backwards.end(), [&](const auto& b) { return inside(launch, b); }))
       std::cout << "FAIL: rank " << rank << " launched a bucket at " << launch.ts << " us, outside its stages' last "
                 << "backwards" << std::endl, ++failures;
-  }
   std::cout << "rank " << rank << ": pipeline rank " << mesh.position << " of replica " << mesh.replica << ", "
             << kSteps << " steps equal one device (" << schedule << "), " << launches.size()
             << " bucket launches inside last backwards" << std::endl;

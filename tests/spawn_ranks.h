@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -141,6 +142,20 @@ inline void check_all_ok(const std::vector<RankOutcome>& outcomes) {
     CAPTURE(r);
     CHECK_MESSAGE(outcomes[r].exit_status == 0, "rank ", r, " exited ", outcomes[r].exit_status, ":\n",
                   outcomes[r].output);
+  }
+}
+
+// Every rank exited 0 (a scenario whose ranks must fail says so in 0-exits) and printed each
+// of the texts said(r): what rank r must have said.
+inline void check_all_said(const std::vector<RankOutcome>& outcomes,
+                           const std::function<std::vector<std::string>(size_t r)>& said) {
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
+    for (const std::string& text : said(r)) {
+      CAPTURE(text);
+      CHECK_MESSAGE(outcomes[r].output.find(text) != std::string::npos, outcomes[r].output);
+    }
   }
 }
 

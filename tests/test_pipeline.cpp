@@ -421,41 +421,30 @@ TEST_CASE("replicated pipelines: every replica ends an epoch with replica 0's Ba
 TEST_CASE("replicated pipelines: replicas that build different stages fail at construction, naming the tensor") {
   if (!parallel::gloo_available()) return;
   const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-mismatch"}, 4, std::chrono::seconds(60));
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    CAPTURE(r);
-    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
-    // Position 1's ranks say how their stages differ; position 0's that position 1's do.
-    const std::string said =
-        r >= 2 ? "the replicas of pipeline position 1 hold different stages: on rank 0, stage 1 6.weight [10, 16] "
-                 "float64; on rank 1, stage 1 6.weight [12, 16] float64"
-               : "the replicas of pipeline position 1 hold different stages (the errors of those ranks say how";
-    CHECK_MESSAGE(outcomes[r].output.find(said) != std::string::npos, outcomes[r].output);
-  }
+  // Position 1's ranks say how their stages differ; position 0's that position 1's do.
+  test::check_all_said(outcomes, [](size_t r) -> std::vector<std::string> {
+    if (r >= 2)
+      return {"the replicas of pipeline position 1 hold different stages: on rank 0, stage 1 6.weight [10, 16] "
+              "float64; on rank 1, stage 1 6.weight [12, 16] float64"};
+    return {"the replicas of pipeline position 1 hold different stages (the errors of those ranks say how"};
+  });
 }
 
 TEST_CASE("replicated pipelines: replicas that ask for other options fail at construction, naming the field") {
   if (!parallel::gloo_available()) return;
   const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-options"}, 4, std::chrono::seconds(60));
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    CAPTURE(r);
-    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
-    const bool named = outcomes[r].output.find("DistributedPipeline: ranks disagree: rank " + std::to_string(r)) !=
-                           std::string::npos &&
-                       outcomes[r].output.find("micro_batches") != std::string::npos;
-    CHECK_MESSAGE(named, outcomes[r].output);
-  }
+  test::check_all_said(outcomes, [](size_t r) -> std::vector<std::string> {
+    return {"DistributedPipeline: ranks disagree: rank " + std::to_string(r), "micro_batches"};
+  });
 }
 
 TEST_CASE("replicated pipelines: a pipeline whose ranks disagree on their counts fails every rank") {
   if (!parallel::gloo_available()) return;
   const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-counts"}, 4, std::chrono::seconds(60));
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    CAPTURE(r);
-    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
-    const std::string said = r % 2 == 1 ? "the ranks of a pipeline disagree on counts they hold alike"
-                                        : "the ranks of 1 other pipeline disagree on the counts of their batches";
-    CHECK_MESSAGE(outcomes[r].output.find(said) != std::string::npos, outcomes[r].output);
-  }
+  test::check_all_said(outcomes, [](size_t r) -> std::vector<std::string> {
+    if (r % 2 == 1) return {"the ranks of a pipeline disagree on counts they hold alike"};
+    return {"the ranks of 1 other pipeline disagree on the counts of their batches"};
+  });
 }
 
 TEST_CASE("replicated pipelines: balance_by measures once, on rank 0, for every replica") {
@@ -492,33 +481,23 @@ TEST_CASE("replicated pipelines: a stage's trainable parameter without a gradien
           "found with find_unused_parameters") {
   if (!parallel::gloo_available()) return;
   auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-unused"}, 4, std::chrono::seconds(60));
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    CAPTURE(r);
-    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
-    const std::string said = r >= 2 ? "parameter(s) '7.ignored' received no gradient in this backward" : "stepped";
-    CHECK_MESSAGE(outcomes[r].output.find(said) != std::string::npos, outcomes[r].output);
-  }
+  test::check_all_said(outcomes, [](size_t r) -> std::vector<std::string> {
+    if (r >= 2) return {"parameter(s) '7.ignored' received no gradient in this backward"};
+    return {"stepped"};
+  });
   // With the flag every rank steps; a parameter frozen after construction then fails every rank.
   outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "replica-unused", "find-unused"}, 4, std::chrono::seconds(60));
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    CAPTURE(r);
-    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
-    const bool said = outcomes[r].output.find("stepped") != std::string::npos &&
-                      outcomes[r].output.find("trainable parameters, but") != std::string::npos;
-    CHECK_MESSAGE(said, outcomes[r].output);
-  }
+  test::check_all_said(outcomes, [](size_t) -> std::vector<std::string> {
+    return {"stepped", "trainable parameters, but"};
+  });
 }
 
 TEST_CASE("distributed pipeline: ranks that disagree on the options fail at construction, naming the field") {
   if (!parallel::gloo_available()) return;
   const auto outcomes = test::run_ranks({WEFT_PIPELINE_WORKER, "mismatch"}, 2, std::chrono::seconds(60));
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    CAPTURE(r);
-    CHECK_MESSAGE(outcomes[r].exit_status == 0, outcomes[r].output);
-    const bool named = outcomes[r].output.find("DistributedPipeline: ranks disagree") != std::string::npos &&
-                       outcomes[r].output.find("micro_batches") != std::string::npos;
-    CHECK_MESSAGE(named, outcomes[r].output);
-  }
+  test::check_all_said(outcomes, [](size_t) -> std::vector<std::string> {
+    return {"DistributedPipeline: ranks disagree", "micro_batches"};
+  });
 }
 
 TEST_CASE("distributed pipeline: a schedule whose messages would arrive out of order is refused") {
