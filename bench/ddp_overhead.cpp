@@ -63,7 +63,7 @@ struct Config {
   int64_t batch = 64;
   int steps = 15;
   // Both models are smaller than one default bucket (25 MB; the first 1 MB), which would
-  // leave nothing to overlap: buckets of 32 KB give ConvNet 4 and ResNet 10.
+  // leave nothing to overlap: buckets of 32 KB give ConvNet 3 and ResNet 5 (as PyTorch's).
   double bucket_mb = 1.0 / 32;
   bool sync_bn = false;
   std::string comm_hook = "allreduce";

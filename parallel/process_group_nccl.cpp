@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 
 #include "core/autograd.h"
@@ -51,8 +52,8 @@ constexpr std::chrono::milliseconds kEndingBound{30000};
 }
 
 // One operation: its end is an event on its channel's stream, recorded when the operation
-// is queued there (at once for collectives, by the channel's issuing thread for sends and
-// receives).
+// is queued there (at once for collectives and most sends and receives, by the channel's
+// issuing thread for a channel's first ones: Note [Sends and receives on the caller's thread]).
 class NcclWork final : public Work {
  public:
   NcclWork(std::string what, Device device, bool host_waits, std::chrono::milliseconds timeout)
@@ -137,12 +138,19 @@ class NcclWork final : public Work {
 };
 
 // A communicator and the stream its operations run on. Point-to-point channels have an
-// issuing thread of their own, which connects the communicator and then queues the
-// channel's sends or receives: a rank's first send to a peer must not block the caller
-// while that peer is still connecting to another (ranks in a ring each send first).
+// issuing thread of their own, which connects the communicator and queues the sends or
+// receives asked for meanwhile: a rank's first send to a peer must not block the caller
+// while that peer is still connecting to another (ranks in a ring each send first). Once
+// connected, with nothing left for the issuer, the caller queues them itself (Note [Sends
+// and receives on the caller's thread]).
 struct Channel {
+  explicit Channel(Stream s, std::unique_ptr<WorkQueue> issuing_thread = nullptr)
+      : stream(std::move(s)), issuer(std::move(issuing_thread)) {}
+
   Stream stream;
   std::unique_ptr<DeviceCommunicator> comm;  // on p2p channels set by the issuer (under the group's mutex)
+  std::mutex queueing;                       // p2p: held while one is queued, by the caller or the issuer
+  int with_issuer = 0;                       // p2p: sends or receives the issuer has yet to queue (group's mutex)
   std::unique_ptr<WorkQueue> issuer;         // p2p channels only; destroyed (joined) first
 };
 
@@ -412,8 +420,10 @@ class ProcessGroupNccl final : public ProcessGroup {
     return work;
   }
 
-  // A send or receive: queued by the channel's issuing thread, after the caller's current
-  // stream as it is now.
+  // A send or receive, after the caller's current stream as it is now: queued on the
+  // channel's stream by the caller once its communicator is connected and the issuing thread
+  // has nothing left, by the issuing thread before (Note [Sends and receives on the caller's
+  // thread]).
   template <class Issue>
   std::shared_ptr<Work> launch_p2p(const char* op, const std::string& what, Channel& channel, const Tensor& tensor,
                                    Issue&& issue) {
@@ -423,22 +433,64 @@ class ProcessGroupNccl final : public ProcessGroup {
     auto ready = std::make_shared<Event>();
     ready->record(current_stream(device));
     track(work, device);
-    channel.issuer->enqueue(what, [this, op, &channel, what, work, ready, tensor, issue = std::forward<Issue>(issue)] {
-      if (work->failed()) return;
+    // Queues it on the channel's stream (with `queueing` held): the event that ends it, or
+    // none when the group failed.
+    auto queue = [this, op, &channel, what, work, ready, tensor, issue = std::forward<Issue>(issue)] {
+      std::optional<Event> done;
+      if (work->failed()) return done;
       try {
         WEFT_CHECK(channel.comm != nullptr, "its communicator did not connect");
         ready->block(channel.stream);
         issue_traced(op, channel, issue);
         record_stream(tensor, channel.stream);
-        Event done;
-        done.record(channel.stream);
-        work->queued(std::move(done));
+        done.emplace();
+        done->record(channel.stream);
       } catch (const std::exception& e) {
+        done.reset();
         fail_group(what + " could not be queued: " + e.what());
       }
+      return done;
+    };
+    bool here = false;
+    {
+      std::lock_guard lock(mutex_);
+      here = channel.comm != nullptr && channel.with_issuer == 0;
+      if (!here) ++channel.with_issuer;
+    }
+    if (here) {
+      std::lock_guard queueing(channel.queueing);
+      if (auto done = queue()) work->queued(std::move(*done));
+      return work;
+    }
+    channel.issuer->enqueue(what, [this, &channel, work, queue = std::move(queue)] {
+      std::lock_guard queueing(channel.queueing);
+      std::optional<Event> done = queue();
+      {
+        std::lock_guard lock(mutex_);
+        --channel.with_issuer;  // before the work says it is queued: a caller waiting for that goes on here
+      }
+      if (done) work->queued(std::move(*done));
     });
     return work;
   }
+
+  // Note [Sends and receives on the caller's thread]: a send queued by another thread can
+  // wait there for the CUDA driver while the caller waits on the GPU for the peer, and the
+  // peer likewise. The second GPU run hung so in 1F1B over two NCCL ranks: each rank's main
+  // thread was reading a received header (a device-to-host copy, waiting inside the driver
+  // for the receive), and each rank's issuing thread, holding the send the other rank's
+  // receive needed, waited inside cuEventCreate for a lock of the driver. So only a channel's
+  // first operations go through its issuing thread: those asked for before its communicator
+  // connected, and after it the ones asked for while any of those is still waiting there
+  // (NCCL's first message on a communicator connects its peers, which may take a while). Once
+  // the issuer has none left, the caller queues each send and receive itself, as it does every
+  // collective: a rank's sends are on the GPU before it waits for anything. The caller decides
+  // under the group's mutex, so it never waits for the issuer's NCCL calls; the channel's
+  // `queueing` mutex keeps the two from queueing at once. DistributedPipeline connects its
+  // pairs before the first step (connect_peers), so its steps queue every message on the
+  // caller's thread. The watchdog asks whether operations are done, and lets go of finished
+  // ones (their events), outside the group's mutex: a driver that makes cudaEventQuery or
+  // cudaEventDestroy wait must not make the callers wait with it.
 
   // Runs `issue` on the channel's stream (staging copies run there too, in order). While a
   // trace records, it is a device span named `op` on the channel's lane: when the GPU ran the
@@ -466,7 +518,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     auto it = collectives_.find(device.index);
     if (it != collectives_.end()) return *it->second;
     const std::string key = "nccl/collective/" + std::to_string(communicators_made_++);
-    auto channel = std::make_unique<Channel>(Channel{new_stream(device), nullptr, nullptr});
+    auto channel = std::make_unique<Channel>(new_stream(device));
     trace::name_lane(channel->stream, "nccl (rank " + std::to_string(rank()) + " of " + std::to_string(size()) + ")");
     try {
       channel->comm = connect(key, /*maker=*/rank() == 0, device, rank(), size());
@@ -492,8 +544,7 @@ class ProcessGroupNccl final : public ProcessGroup {
                  " (the first one did); this tensor is on ", device);
       return *it->second;
     }
-    auto channel = std::make_unique<Channel>(
-        Channel{new_stream(device), nullptr, std::make_unique<WorkQueue>(timeout())});
+    auto channel = std::make_unique<Channel>(new_stream(device), std::make_unique<WorkQueue>(timeout()));
     trace::name_lane(channel->stream, src == rank() ? "nccl sends to rank " + std::to_string(dst)
                                                     : "nccl receives from rank " + std::to_string(src));
     const std::string key = "nccl/p2p/" + std::to_string(src) + "-" + std::to_string(dst);
@@ -551,21 +602,31 @@ class ProcessGroupNccl final : public ProcessGroup {
   }
 
   void inspect() {
-    std::vector<std::shared_ptr<NcclWork>> works;
+    std::vector<std::shared_ptr<NcclWork>> works, running;
     std::vector<DeviceCommunicator*> comms;
     {
       std::lock_guard lock(mutex_);
       if (!failure_.empty()) return;
-      std::erase_if(in_flight_, [](const std::shared_ptr<NcclWork>& w) { return w->done(); });
       works = in_flight_;
       comms = communicators_locked();
+    }
+    // The events are asked, and the finished works let go, without the group's mutex (Note
+    // [Sends and receives on the caller's thread]): `works` keeps them until this returns.
+    std::unordered_set<const NcclWork*> finished;
+    for (const auto& work : works) {
+      if (work->done()) finished.insert(work.get());
+      else running.push_back(work);
+    }
+    if (!finished.empty()) {
+      std::lock_guard lock(mutex_);
+      std::erase_if(in_flight_, [&](const std::shared_ptr<NcclWork>& w) { return finished.count(w.get()) > 0; });
     }
     for (DeviceCommunicator* comm : comms) {
       const std::string error = comm->async_error();
       if (!error.empty()) return fail_group("NCCL reported an error on " + comm->device().str() + ": " + error);
     }
     const auto now = Clock::now();
-    for (const auto& work : works)
+    for (const auto& work : running)
       if (work->overdue(now, timeout()) && !work->done())
         return fail_group(work->what() + " was not done after " + std::to_string(timeout().count()) +
                           " ms (the group's timeout): a rank is missing, stuck, or called other collectives");

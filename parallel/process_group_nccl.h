@@ -13,12 +13,13 @@
 // and hands it over through the store), and one per direction between two ranks for send
 // and recv (the sender makes it), each with a stream of its own, so that a rank's sends to a
 // peer and its receives from it never wait for each other (NCCL's sends block their stream
-// until the receive is there). A direction's communicator is connected, and its messages
-// queued, by a thread of its own: the first send of every rank of a ring waits for the next
-// rank, which is itself busy connecting to the one after; the callers never block on it.
-// A send's or receive's wait() blocks the host only until it is queued. Messages between two
-// ranks match in the order they were sent; tags are checked to be non-negative and
-// otherwise not used. Connecting waits at least a minute for the peers, whatever the
+// until the receive is there). A direction's communicator is connected, and the messages
+// asked for meanwhile queued, by a thread of its own: the first send of every rank of a ring
+// waits for the next rank, which is itself busy connecting to the one after; the callers
+// never block on it. Later messages are queued by the caller (Note [Sends and receives on
+// the caller's thread] in the .cpp). A send's or receive's wait() blocks the host only until
+// it is queued. Messages between two ranks match in the order they were sent; tags are
+// checked to be non-negative and otherwise not used. Connecting waits at least a minute for the peers, whatever the
 // group's timeout.
 //
 // Failures: a watchdog thread looks at the operations in flight every 100 ms. One not done

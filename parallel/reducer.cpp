@@ -15,14 +15,16 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<Tensor>& param
                                                 int64_t first_cap_bytes, int64_t cap_bytes) {
   WEFT_CHECK(order.size() == params.size(), "assign_buckets: the order lists ", order.size(), " parameters, not ",
              params.size());
-  // One open bucket per (dtype, device); a bucket closes when the next parameter of its
-  // kind would pass the cap, and buckets are numbered in the order they close (the order
-  // their all-reduces will be launched in).
+  // One open bucket per (dtype, device); a bucket closes once its bytes reach its kind's cap
+  // (PyTorch's compute_bucket_assignment_by_size: a bucket may pass the cap by its last
+  // parameter), and buckets are numbered in the order they close (the order their
+  // all-reduces will be launched in).
   struct Open {
     DType dtype;
     Device device;
     std::vector<size_t> params;
     int64_t bytes = 0;
+    bool closed_one = false;  // the kind's first bucket has closed: cap_bytes from now on
   };
   std::vector<Open> open;
   std::vector<std::vector<size_t>> buckets;
@@ -37,14 +39,14 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<Tensor>& param
       open.push_back({p.dtype(), p.device(), {}, 0});
       it = open.end() - 1;
     }
-    const int64_t cap = buckets.empty() ? first_cap_bytes : cap_bytes;
-    if (!it->params.empty() && it->bytes + p.nbytes() > cap) {
+    it->params.push_back(i);
+    it->bytes += p.nbytes();
+    if (it->bytes >= (it->closed_one ? cap_bytes : first_cap_bytes)) {
       buckets.push_back(std::move(it->params));
       it->params.clear();
       it->bytes = 0;
+      it->closed_one = true;
     }
-    it->params.push_back(i);
-    it->bytes += p.nbytes();
   }
   for (Open& o : open)
     if (!o.params.empty()) buckets.push_back(std::move(o.params));

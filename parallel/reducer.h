@@ -4,15 +4,16 @@
 // Parameters are assigned to buckets in the order their gradients become ready: at first
 // the reverse of registration order (backward runs the last layers first), after the
 // first iteration the order the gradients actually arrived in on rank 0 (broadcast, so
-// every rank agrees). A bucket holds parameters of one dtype and device, up to bucket_cap
-// bytes (the first one only first_bucket_cap, so that communication starts early), in one
-// flat buffer. During backward a hook on each parameter (its post-accumulate-grad hook)
-// copies the gradient into its slot of the bucket; when a bucket's last gradient is in,
-// its all-reduce is launched asynchronously, in bucket order on every rank, while backward
-// goes on with the layers before. When backward has run every node, a callback waits for
-// the buckets (Note: the last one is launched last, so most of the communication is hidden)
-// and writes the averaged gradients back to the parameters; or, for a pipeline's stage
-// (finish_at_end_of_backward false), finish() does that once the rank's step is done.
+// every rank agrees). A bucket holds parameters of one dtype and device until they reach
+// bucket_cap bytes (the first of each dtype and device first_bucket_cap, so that
+// communication starts early), as PyTorch's, in one flat buffer. During backward a hook on
+// each parameter (its post-accumulate-grad hook) copies the gradient into its slot of the
+// bucket; when a bucket's last gradient is in, its all-reduce is launched asynchronously, in
+// bucket order on every rank, while backward goes on with the layers before. When backward
+// has run every node, a callback waits for the buckets (Note: the last one is launched last,
+// so most of the communication is hidden) and writes the averaged gradients back to the
+// parameters; or, for a pipeline's stage (finish_at_end_of_backward false), finish() does
+// that once the rank's step is done.
 //
 // A parameter that took no part in the forward never gets a gradient, so its bucket would
 // never be launched and every rank would wait: with find_unused_parameters the reducer
@@ -55,8 +56,9 @@ struct ReducerOptions {
 };
 
 // Parameter indices per bucket: `order` lists every parameter once, in the order their
-// gradients become ready; a bucket takes parameters of one dtype and device until adding
-// the next would pass the cap (the first bucket's is first_cap_bytes).
+// gradients become ready; a bucket takes parameters of one dtype and device until its bytes
+// reach the cap, the parameter that reaches it included (first_cap_bytes for the first bucket
+// of each dtype and device, cap_bytes after), as PyTorch's DDP assigns them.
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<Tensor>& params, const std::vector<size_t>& order,
                                                 int64_t first_cap_bytes, int64_t cap_bytes);
 

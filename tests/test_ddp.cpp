@@ -589,11 +589,17 @@ TEST_CASE("assign_buckets: readiness order, one dtype and device per bucket, a s
                                 zeros({100}, TensorOptions(DType::Float32, Device("cpu:1")))};
   // float32 on cpu:0: 400, 400, 1200, 40 bytes; float64: 400; float32 on cpu:1: 400.
   auto buckets = parallel::assign_buckets(params, {5, 4, 3, 2, 1, 0}, 500, 1000);
-  // 5 opens the cpu:1 bucket, 4 the cpu:0 one; 3 would take it past the first cap (500), so
-  // {4} closes first; 2 opens the float64 one; 1 would take {3} past 1000, so {3} closes;
-  // 0 joins {1}. The buckets still open close in the order they were opened.
-  std::vector<std::vector<size_t>> expected = {{4}, {3}, {5}, {1, 0}, {2}};
+  // As PyTorch's DDP: 5 opens the cpu:1 bucket, 4 the cpu:0 one; 3 takes that one past its
+  // first cap (500), so {4, 3} closes first; 2 opens the float64 one; 1 and 0 (800 bytes) stay
+  // under the cap of the cpu:0 buckets after their first (1000). The buckets still open close
+  // in the order they were opened.
+  std::vector<std::vector<size_t>> expected = {{4, 3}, {5}, {1, 0}, {2}};
   CHECK(buckets == expected);
+  // Each dtype and device's first bucket has the small cap: the float64 one closes at 800
+  // bytes although a float32 bucket closed before it.
+  std::vector<Tensor> mixed = {zeros({200}), zeros({50}, DType::Float64), zeros({50}, DType::Float64),
+                               zeros({50}, DType::Float64)};
+  CHECK(parallel::assign_buckets(mixed, {0, 1, 2, 3}, 500, 1000) == std::vector<std::vector<size_t>>{{0}, {1, 2}, {3}});
   CHECK_THROWS_WITH_AS(parallel::assign_buckets(params, {0, 1, 2}, 500, 1000), Contains("lists 3 parameters, not 6"),
                        Error);
   CHECK_THROWS_WITH_AS(parallel::assign_buckets(params, {0, 1, 2, 3, 4, 4}, 500, 1000), Contains("not a permutation"),

@@ -159,6 +159,8 @@ IndexRange index_range_kernel(const Tensor& index, int64_t bound, const char* op
     return deferred;
   }
   RangeResult result;
+  // The stream first, then the copy into pageable memory (copy_with_host in copy.cu says why).
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
   WEFT_CUDA_CHECK(cudaMemcpyAsync(&result, device_result, sizeof(RangeResult), cudaMemcpyDeviceToHost, stream));
   WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));  // the op needs the values now
   raise_pending_device_error();                     // a synchronisation like any other
