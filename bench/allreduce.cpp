@@ -234,16 +234,7 @@ int main(int argc, char** argv) {
               << "or float64)\n";
     return 2;
   }
-  if (c.cuda && !nccl_available()) {
-    std::cout << "# allreduce: skipped: no GPU with NCCL (" << (cuda_available() ? "weft was built without NCCL"
-                                                                                  : cuda_unavailable_reason())
-              << ")\n";
-    return 0;
-  }
-  if (!c.cuda && !gloo_available()) {
-    std::cout << "# allreduce: skipped: weft was built without Gloo\n";
-    return 0;
-  }
+  if (bench::skipped_without_backend("allreduce", c.cuda)) return 0;
   try {
     if (launched_as_rank()) return run_rank(c);
     int failed = 0;

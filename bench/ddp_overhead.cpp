@@ -292,15 +292,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool cuda = c.device_type == "cuda";
-  if (!cuda && !parallel::gloo_available()) {
-    std::cout << "# ddp_overhead: skipped: weft was built without Gloo\n";
-    return 0;
-  }
-  if (cuda && !parallel::nccl_available()) {
-    std::cout << "# ddp_overhead: skipped: no GPU with NCCL ("
-              << (cuda_available() ? "weft was built without NCCL" : cuda_unavailable_reason()) << ")\n";
-    return 0;
-  }
+  if (bench::skipped_without_backend("ddp_overhead", cuda)) return 0;
   try {
     parallel::comm_hook_named(c.comm_hook);  // an unknown name fails here, once
     if (c.optimizer != "sgd" && c.optimizer != "adam") {

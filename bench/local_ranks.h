@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,8 +17,23 @@
 #include "core/device.h"
 #include "kernels/cpu/threads.h"
 #include "parallel/launch_env.h"
+#include "parallel/process_group_gloo.h"
+#include "parallel/process_group_nccl.h"
 
 namespace weft::bench {
+
+// Whether the ranks' backend is missing here (Gloo for CPU ranks, NCCL and a GPU for CUDA
+// ranks); if so, prints the benchmark's "# NAME: skipped: ..." line.
+inline bool skipped_without_backend(const char* name, bool cuda) {
+  std::string why;
+  if (!cuda && !parallel::gloo_available()) why = "weft was built without Gloo";
+  if (cuda && !parallel::nccl_available()) {
+    const std::string cause = cuda_available() ? "weft was built without NCCL" : cuda_unavailable_reason();
+    why = "no GPU with NCCL (" + cause + ")";
+  }
+  if (!why.empty()) std::cout << "# " << name << ": skipped: " << why << "\n";
+  return !why.empty();
+}
 
 // Runs `self` with `argv` as `world` local ranks (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR = 127.0.0.1, a free MASTER_PORT) and waits for them; returns

@@ -243,15 +243,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool cuda = c.device_type == "cuda";
-  if (!cuda && !parallel::gloo_available()) {
-    std::cout << "# replicated_pipeline: skipped: weft was built without Gloo\n";
-    return 0;
-  }
-  if (cuda && !parallel::nccl_available()) {
-    std::cout << "# replicated_pipeline: skipped: no GPU with NCCL ("
-              << (cuda_available() ? "weft was built without NCCL" : cuda_unavailable_reason()) << ")\n";
-    return 0;
-  }
+  if (bench::skipped_without_backend("replicated_pipeline", cuda)) return 0;
   try {
     if (parallel::launched_as_rank()) return run_rank(c);
     return bench::run_as_local_ranks(argv[0], argv, c.replicas * c.stages, /*share_gpus=*/cuda);
