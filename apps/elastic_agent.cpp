@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "parallel/tcp_store.h"
+#include "parallel/store/tcp_store.h"
 
 namespace weft::run {
 

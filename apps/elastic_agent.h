@@ -1,6 +1,6 @@
 // weft-run's elastic mode (torchrun's agent): weft-run --nnodes MIN:MAX --rdzv-endpoint
 // HOST:PORT --rdzv-id JOB. Each node's weft-run is an agent. Round after round it meets the
-// other agents at the rendezvous (parallel/elastic_rendezvous.h), starts its workers with
+// other agents at the rendezvous (parallel/launch/elastic_rendezvous.h), starts its workers with
 // their place in that round, and watches them and the rendezvous: a worker failing, a peer
 // going silent or a node waiting to join ends the round, every agent stops its workers and
 // the next round begins with whoever is there, until the workers finish or the job has
@@ -20,7 +20,7 @@
 
 #include <string>
 
-#include "parallel/elastic_rendezvous.h"
+#include "parallel/launch/elastic_rendezvous.h"
 #include "worker_env.h"
 #include "worker_group.h"
 

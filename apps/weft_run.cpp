@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "core/device.h"
-#include "parallel/launch_env.h"
 #include "elastic_agent.h"
+#include "parallel/launch/launch_env.h"
 #include "worker_env.h"
 #include "worker_group.h"
 
@@ -224,7 +224,7 @@ std::string shared_environment(const Config& c, std::vector<std::string>& env) {
         ")");
   }
   // More ranks than GPUs: NCCL 2.28 refuses two ranks on one GPU unless each has its own
-  // NCCL_HOSTID, and then it needs its socket transport (DESIGN.md, pitfalls). Physical
+  // NCCL_HOSTID, and then it needs its socket transport (docs/design.md, pitfalls). Physical
   // GPUs count here: WEFT_VIRTUAL_DEVICES puts several logical devices on one.
   int devices = 0;
   try {

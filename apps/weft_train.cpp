@@ -40,10 +40,9 @@
 #include "nn/optim/lr_scheduler.h"
 #include "nn/optim/sgd.h"
 #include "nn/safetensors.h"
-#include "parallel/data_parallel.h"
-#include "parallel/zero_redundancy_optimizer.h"
+#include "parallel/local/data_parallel.h"
+#include "parallel/optim/zero_redundancy_optimizer.h"
 #include "train/data_parallel_strategy.h"
-#include "train/distributed_pipeline_strategy.h"
 #include "train/distributed_strategy.h"
 #include "train/elastic.h"
 #include "train/launch.h"
@@ -298,10 +297,12 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
       const int virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : c.schedule == "interleaved" ? 2 : 1;
       std::shared_ptr<train::Strategy> strategy;
       if (across_processes(mode))
-        strategy = std::make_shared<train::DistributedPipelineStrategy>(train::DistributedPipelineStrategyOptions{
-            .device = devices[0], .backend = "", .micro_batches = c.microbatches, .schedule = c.schedule,
-            .virtual_stages = virtual_stages, .balance = balance_list(c), .balance_by = balance_by(c, train_set),
-            .activation_checkpointing = c.activation_checkpointing, .replicas = c.replicas});
+        strategy = std::make_shared<train::DistributedStrategy>(train::DistributedStrategyOptions{
+            .device = devices[0],
+            .plan = {.pp = parallel::ParallelPlan::kRest, .dp_replicate = c.replicas},
+            .pipeline = {.micro_batches = c.microbatches, .schedule = c.schedule, .virtual_stages = virtual_stages,
+                         .balance = balance_list(c), .balance_by = balance_by(c, train_set),
+                         .activation_checkpointing = c.activation_checkpointing}});
       else
         strategy = std::make_shared<train::PipelineStrategy>(train::PipelineStrategyOptions{
             .devices = devices, .micro_batches = c.microbatches, .schedule = c.schedule,
@@ -323,12 +324,9 @@ std::shared_ptr<train::Strategy> make_strategy(const Config& c, train::ParallelM
 }
 
 // The layers per stage of the pipeline the strategy made, as "1+3".
-std::string stage_layers(train::Strategy& strategy) {
-  auto* across = dynamic_cast<train::DistributedPipelineStrategy*>(&strategy);
-  const std::vector<size_t> balance = across ? across->pipeline().balance()
-                                             : dynamic_cast<train::PipelineStrategy&>(strategy).pipeline().balance();
+std::string stage_layers(const train::Strategy& strategy) {
   std::string text;
-  for (size_t count : balance) text += (text.empty() ? "" : "+") + std::to_string(count);
+  for (size_t count : strategy.stage_layers()) text += (text.empty() ? "" : "+") + std::to_string(count);
   return text;
 }
 

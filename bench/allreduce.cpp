@@ -1,5 +1,5 @@
 // allreduce: all-reduce speed in the format of NVIDIA's nccl-tests: on CPU ranks weft's Gloo
-// backend and weft's own ring (parallel/ring_allreduce.h) side by side; on GPUs
+// backend and weft's own ring (parallel/process_group/ring_allreduce.h) side by side; on GPUs
 // (--device cuda) weft's NCCL backend, the ring over NCCL's sends and receives, and
 // ncclAllReduce called directly (bench/nccl_direct.h), in the same run.
 //
@@ -37,11 +37,11 @@
 #include "bench_util.h"
 #include "local_ranks.h"
 #include "nccl_direct.h"
-#include "parallel/distributed.h"
-#include "parallel/launch_env.h"
-#include "parallel/process_group_gloo.h"
-#include "parallel/process_group_nccl.h"
-#include "parallel/ring_allreduce.h"
+#include "parallel/launch/launch_env.h"
+#include "parallel/process_group/distributed.h"
+#include "parallel/process_group/process_group_gloo.h"
+#include "parallel/process_group/process_group_nccl.h"
+#include "parallel/process_group/ring_allreduce.h"
 
 using namespace weft;
 using namespace weft::parallel;
@@ -150,7 +150,7 @@ int run_rank(const Config& c) {
     else
       std::cout << "Gloo over TCP (loopback); " << num_threads() << " CPU thread(s) per rank\n"
                 << "#                                        gloo (weft's Gloo backend)        "
-                   "ring (parallel/ring_allreduce)\n";
+                   "ring (parallel/process_group/ring_allreduce)\n";
     std::cout << "#       size      count    type  redop";
     for (size_t k = 0; k < names.size(); ++k) std::cout << "      time   algbw   busbw  #wrong";
     std::cout << "\n#        (B)" << std::string(26, ' ');

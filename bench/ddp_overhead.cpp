@@ -22,7 +22,7 @@
 // same way, and its figures are printed beside weft's. --sync-bn converts the models'
 // BatchNorm2d layers (ResNet's) to parallel::SyncBatchNorm first, for what synchronised
 // statistics cost; PyTorch 1.13's SyncBatchNorm takes CUDA tensors only, so there is no
-// reference for it on CPU ranks. --comm-hook registers one of parallel/comm_hooks.h's hooks
+// reference for it on CPU ranks. --comm-hook registers one of parallel/ddp/comm_hooks.h's hooks
 // on both sides (PyTorch's default_hooks; its Gloo has no bfloat16, so bf16 has no
 // reference); powersgd is PowerSGD at rank 1 with error feedback and warm start,
 // compressing from the third step (PyTorch 1.13's hangs on Gloo with several buckets, so
@@ -31,9 +31,9 @@
 // parallel::ZeroRedundancyOptimizer on both sides (PyTorch's
 // torch.distributed.optim.ZeroRedundancyOptimizer), which adds a broadcast of the parameters
 // to each step and divides the optimizer state among the ranks: the last column is the state
-// the most loaded rank keeps. --join times the steps inside a join (parallel/join.h; PyTorch's
+// the most loaded rank keeps. --join times the steps inside a join (parallel/process_group/join.h; PyTorch's
 // `with Join([ddp, ...])`), on even inputs: what its per-step announcements cost. --local-sgd
-// PERIOD trains with local SGD on both sides (parallel/post_localsgd_hook.h; PyTorch's
+// PERIOD trains with local SGD on both sides (parallel/ddp/post_localsgd_hook.h; PyTorch's
 // post_localSGD_hook and PostLocalSGDOptimizer): from the third step no gradient crosses the
 // wire, and the parameters are averaged after every PERIOD-th step. The steps then differ (one
 // in PERIOD averages), so the figure is their mean over a multiple of PERIOD steps (--steps

@@ -29,11 +29,11 @@
 #include <weft.h>
 
 #include "bench_util.h"
-#include "parallel/comm.h"
-#include "parallel/data_parallel.h"
-#include "parallel/functions.h"
-#include "parallel/parallel_apply.h"
-#include "parallel/replicate.h"
+#include "parallel/local/comm.h"
+#include "parallel/local/data_parallel.h"
+#include "parallel/local/functions.h"
+#include "parallel/local/parallel_apply.h"
+#include "parallel/local/replicate.h"
 
 using namespace weft;
 using Clock = std::chrono::steady_clock;
@@ -89,8 +89,8 @@ Phases step(nn::Module& model, optim::Optimizer& sgd, const Tensor& x, const Ten
 // Largest |a - b| / max|b| over every parameter's gradient (its normalised error). A wrong
 // gradient is off by its own scale; summing in another order is not, but cuDNN's float32
 // Winograd algorithms, which the replicas' smaller batches may get, are off by 1e-4 of it per
-// layer (tests/test_cuda_nn_ops.cpp), and the ConvNet's gradients on 2 and 4 virtual GPUs of
-// an H200 were off by 3.3e-3 and 1.5e-3 of theirs (the second GPU run): hence 1e-2.
+// layer (tests/cuda/test_cuda_nn_ops.cpp), and the ConvNet's gradients on 2 and 4 virtual GPUs of
+// an H200 were off by 3.3e-3 and 1.5e-3 of theirs: hence 1e-2.
 double gradient_difference(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {

@@ -16,9 +16,9 @@
 
 #include "core/device.h"
 #include "kernels/cpu/threads.h"
-#include "parallel/launch_env.h"
-#include "parallel/process_group_gloo.h"
-#include "parallel/process_group_nccl.h"
+#include "parallel/launch/launch_env.h"
+#include "parallel/process_group/process_group_gloo.h"
+#include "parallel/process_group/process_group_nccl.h"
 
 namespace weft::bench {
 
@@ -40,7 +40,7 @@ inline bool skipped_without_backend(const char* name, bool cuda) {
 // 1 when one failed. The CPU threads are shared: each rank gets OMP_NUM_THREADS = this
 // process's threads / world (at least 1), so that the ranks together do not oversubscribe the
 // cores. With `share_gpus` and more ranks than GPUs, each rank also gets its own NCCL_HOSTID
-// and NCCL's socket transport over loopback, as weft-run sets (DESIGN.md, pitfalls).
+// and NCCL's socket transport over loopback, as weft-run sets (docs/design.md, pitfalls).
 inline int run_as_local_ranks(const char* self, char** argv, int world, bool share_gpus = false) {
   const std::string port = std::to_string(parallel::free_loopback_port());
   const std::string threads = std::to_string(std::max(1, num_threads() / world));

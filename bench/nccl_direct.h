@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "core/dtype.h"
-#include "parallel/store.h"
+#include "parallel/store/store.h"
 
 namespace weft::bench {
 

@@ -21,7 +21,7 @@ else()
 endif()
 
 # CUDA: AUTO turns the backend on when nvcc is there. CMake 3.25 does not know that nvcc
-# 13 supports C++20 (DESIGN.md): it is told so below, so that cxx_std_20 on weft (and on
+# 13 supports C++20 (docs/design.md): it is told so below, so that cxx_std_20 on weft (and on
 # targets that link it and compile .cu files) maps to -std=c++20 instead of failing.
 set(WEFT_WITH_CUDA OFF)
 set(WEFT_WITH_NCCL OFF)

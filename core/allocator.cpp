@@ -7,7 +7,7 @@
 // Note [Host block cache]: glibc gives large freed blocks back to the kernel (munmap, or a
 // trim of the heap's top), so a training step that frees its activations and asks for the
 // same sizes in the next step faults every page in again, zeroed. On a ResNet DDP step with
-// two CPU ranks that was a sixth of the step (README, "Local SGD"). So freed blocks of at
+// two CPU ranks that was a sixth of the step (docs/benchmarks.md, "Where a CPU DDP step goes"). So freed blocks of at
 // least kCacheMin bytes are kept, up to kCacheCap bytes per device, and handed out again to
 // a request of the same rounded size, which a step repeats; beyond the cap a block is freed.
 // WEFT_CPU_ALLOCATOR=direct turns the cache off: tools/sanitize sets it, so that

@@ -3,7 +3,7 @@
 // cuda:i is a *logical* device (WEFT_VIRTUAL_DEVICES maps several onto one GPU) and cpu:i
 // is a logical host device: same RAM, separate allocator accounting. Logical CPU devices
 // let every multi-device code path (DataParallel, pipelines) run and be tested on a
-// machine with no GPU. See DESIGN.md, "Devices".
+// machine with no GPU. See docs/design.md, "Devices".
 #pragma once
 
 #include <cstdint>

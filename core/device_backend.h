@@ -1,6 +1,6 @@
 // DeviceBackend: what core needs from the backend of a device type.
 //
-// core/ knows nothing of CUDA (DESIGN.md): memory, streams, events and copies to and from
+// core/ knows nothing of CUDA (docs/design.md): memory, streams, events and copies to and from
 // the host reach a device type through this interface (PyTorch's DeviceGuardImplInterface
 // plays the same part). Core implements it for CPU devices itself; kernels/cuda/backend.cpp
 // implements it for CUDA devices and registers it at static initialisation. A static

@@ -4,7 +4,7 @@
 // and the backward of expand (sum back to the original shape) are ordinary ops with CPU
 // and CUDA kernels, and those live in kernels/, above core. kernels/ registers them here
 // at static initialisation (kernels/register_kernels.cpp), so that core calls nothing in
-// kernels/ directly (DESIGN.md's dependency order).
+// kernels/ directly (docs/design.md's dependency order).
 #pragma once
 
 #include "core/shape.h"

@@ -32,34 +32,6 @@ void Tensor::fail_data_ptr(DType asked) const {
   WEFT_FAIL("data_ptr: tensor has dtype ", dtype(), " but ", asked, " was asked for");
 }
 
-// --- copies -------------------------------------------------------------------------
-
-constinit DispatchStub<CopyFn> copy_stub{"copy_"};
-constinit DispatchStub<FillFn> fill_stub{"fill_"};
-
-void copy_values(const Tensor& dst, const Tensor& src) {
-  WEFT_CHECK(broadcasts_to(src.shape(), dst.shape()), "copy_: source shape ",
-             src.shape(), " does not broadcast to destination shape ", dst.shape());
-  if (dst.numel() == 0) return;
-  Tensor source = src.shape() == dst.shape() ? src : src.detach().expand(dst.shape());
-  if (src.device().type == dst.device().type) {
-    copy_stub(dst.device(), source, dst);
-  } else {
-    // Across device types: convert on the source side, move contiguous bytes, then
-    // lay them out on the destination side. A contiguous source of the right dtype goes
-    // as it is (a pinned one so stays pinned, and its upload asynchronous).
-    Tensor staged = source;
-    if (!(source.is_contiguous() && source.dtype() == dst.dtype())) {
-      staged = empty(dst.shape(), TensorOptions(dst.dtype(), src.device()));
-      copy_stub(src.device(), source, staged);
-    }
-    Tensor landed = dst.is_contiguous() ? dst : empty(dst.shape(), TensorOptions(dst.dtype(), dst.device()));
-    device_backend(src.device().is_cpu() ? dst.device() : src.device()).copy_with_host(staged, landed);
-    if (!landed.is_same(dst)) copy_stub(dst.device(), landed, dst);
-  }
-  dst.bump_version();
-}
-
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {

@@ -1,7 +1,7 @@
 // DeviceCommunicator: a collective library's connection among the ranks of a group, one
 // device per rank (NCCL for CUDA devices).
 //
-// The parallel layer knows nothing of CUDA (DESIGN.md): parallel/process_group_nccl.cpp
+// The parallel layer knows nothing of CUDA (docs/design.md): parallel/process_group/process_group_nccl.cpp
 // orders its work with core's streams and events and issues the collectives through this
 // interface; kernels/cuda/nccl_communicator.cpp implements it with NCCL and registers it at
 // static initialisation (kept by the linker option --undefined=weft_nccl_registered, as
@@ -28,7 +28,7 @@ namespace weft {
 
 class Tensor;
 
-// The reductions of collectives (torch.distributed's ReduceOp; parallel/process_group.h
+// The reductions of collectives (torch.distributed's ReduceOp; parallel/process_group/process_group.h
 // names it ReduceOp). Avg is the sum divided by the group's size.
 enum class CollectiveOp { Sum, Avg, Max, Min, Product };
 

@@ -1,6 +1,6 @@
 // The kernels layer registers itself with core at static initialisation: the CPU kernel of
 // every DispatchStub (kernels/cpu/backend.h) and the ops that core's autograd calls
-// (core/gradient_ops.h). Core never calls into kernels/ by name (DESIGN.md), so nothing
+// (core/gradient_ops.h). Core never calls into kernels/ by name (docs/design.md), so nothing
 // would pull this object out of the static library: CMake links every program that uses
 // weft with --undefined=weft_kernels_registered, the symbol below, which keeps it.
 #include "core/gradient_ops.h"

@@ -35,6 +35,8 @@
 
 namespace weft::nn {
 
+class Sequential;
+
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 class Module {
@@ -50,6 +52,10 @@ class Module {
   virtual std::string extra_repr() const { return ""; }
   // The whole tree, printed as PyTorch prints a module.
   std::string repr() const;
+  // The same layers (shared, not copied) as a Sequential that computes the same function,
+  // with this model's state_dict names: the form a pipeline splits into stages. Null where the
+  // model's forward is not its layers applied one after the other.
+  virtual std::shared_ptr<Sequential> as_sequential() const { return nullptr; }
 
   // --- the tree ---------------------------------------------------------------------
   // Dotted names ("layer1.0.conv1.weight"), registration order, parents before children.

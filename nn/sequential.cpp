@@ -32,6 +32,8 @@ Tensor Sequential::forward(const Tensor& input) {
   return x;
 }
 
+std::shared_ptr<Sequential> Sequential::as_sequential() const { return children_as_sequential(*this, ""); }
+
 std::shared_ptr<Sequential> children_as_sequential(const Module& model, const std::string& flatten_before) {
   auto seq = std::make_shared<Sequential>();
   for (const auto& [name, layer] : model.named_children()) {

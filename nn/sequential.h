@@ -32,6 +32,8 @@ class Sequential : public Cloneable<Sequential> {
   Module& operator[](size_t index) const;
   // The identity for an empty Sequential, as in PyTorch.
   Tensor forward(const Tensor& input) override;
+  // A Sequential of the same children under the same names.
+  std::shared_ptr<Sequential> as_sequential() const override;
 };
 
 // `model`'s children in order (shared, not copied) under their names, with a Flatten put

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# DESIGN.md's dependency order, checked on the sources and on the compiled objects:
-# core <- kernels <- nn, data <- parallel <- train <- apps, bench.
+# docs/design.md's dependency order, checked on the sources and on the compiled objects:
+# core <- kernels <- nn, data <- parallel <- train <- apps, bench; inside parallel/,
+# store <- launch <- process_group <- mesh <- ddp <- pipeline, with optim beside ddp and local
+# (one process's devices) on its own.
 #
 #   tests/check_layering.sh [SOURCE_DIR [BUILD_DIR]]
 #
 # A file may include headers of its own layer and of the layers below it, never above (nn
-# and data are siblings: neither includes the other). Nothing outside kernels/cuda/ (and
+# and data are siblings: neither includes the other; so are ddp and optim inside parallel/). Nothing outside kernels/cuda/ (and
 # the CUDA-only tests and benchmarks) includes a CUDA header or tests WEFT_WITH_CUDA,
 # except the build files and the test that checks the CUDA registration. With a build
 # directory, the library's objects are checked too: every weft symbol a layer's objects
@@ -17,6 +19,15 @@ build=${2:-}
 cd "$root"
 
 status=0
+# Reports the files of folder $1 that include headers under $2/ ($3: why that is wrong).
+refuse_includes() {
+  local hits
+  if hits=$(grep -rnE "^#include \"$2/" "$1" --include='*.h' --include='*.cpp' --include='*.cu' --include='*.cuh'); then
+    echo "layering: $1/ includes $2/ ($3):"
+    echo "$hits"
+    status=1
+  fi
+}
 # layer -> the top-level folders its files must not include
 declare -A forbidden=(
   [core]="kernels nn data parallel train apps bench"
@@ -28,13 +39,32 @@ declare -A forbidden=(
 )
 for layer in "${!forbidden[@]}"; do
   [ -d "$layer" ] || continue
-  for above in ${forbidden[$layer]}; do
-    if hits=$(grep -rnE "^#include \"$above/" "$layer" --include='*.h' --include='*.cpp' --include='*.cu' --include='*.cuh'); then
-      echo "layering: $layer/ includes $above/ (above it):"
-      echo "$hits"
-      status=1
-    fi
+  for above in ${forbidden[$layer]}; do refuse_includes "$layer" "$above" "above it"; done
+done
+# parallel/'s sub-layers: sub-folder -> the sub-folders it may include besides its own.
+declare -A parallel_uses=(
+  [local]=""
+  [store]=""
+  [launch]="store"
+  [process_group]="store launch"
+  [mesh]="store launch process_group"
+  [ddp]="store launch process_group mesh"
+  [optim]="store launch process_group mesh"
+  [pipeline]="store launch process_group mesh ddp local"
+)
+for sub in "${!parallel_uses[@]}"; do
+  [ -d "parallel/$sub" ] || continue
+  for other in "${!parallel_uses[@]}"; do
+    [ "$other" = "$sub" ] && continue
+    [[ " ${parallel_uses[$sub]} " == *" $other "* ]] || refuse_includes "parallel/$sub" "parallel/$other" "not below it"
   done
+done
+if stray=$(find parallel -maxdepth 1 -type f \( -name '*.h' -o -name '*.cpp' \)) && [ -n "$stray" ]; then
+  echo "layering: files directly in parallel/ (each belongs in a sub-folder):"; echo "$stray"; status=1
+fi
+for dir in parallel/*/; do
+  sub=$(basename "$dir")
+  [ -n "${parallel_uses[$sub]+set}" ] || { echo "layering: parallel/$sub/ has no place in the sub-layer order"; status=1; }
 done
 # kernels/cuda is the only place for CUDA; the layers above reach it through core.
 outside=()
@@ -68,9 +98,15 @@ if [ -n "$build" ]; then
     [nn/models]="core kernels kernels/cpu nn nn/models nn/optim"
     [nn/optim]="core kernels kernels/cpu nn nn/models nn/optim"
     [data]="core kernels kernels/cpu data"
-    [parallel]="core kernels kernels/cpu nn nn/models nn/optim data parallel parallel/pipeline"
-    [parallel/pipeline]="core kernels kernels/cpu nn nn/models nn/optim data parallel parallel/pipeline"
-    [train]="core kernels kernels/cpu nn nn/models nn/optim data parallel parallel/pipeline train"
+    [parallel/local]="core kernels kernels/cpu nn nn/models nn/optim data parallel/local"
+    [parallel/store]="core kernels kernels/cpu nn nn/models nn/optim data parallel/store"
+    [parallel/launch]="core kernels kernels/cpu nn nn/models nn/optim data parallel/store parallel/launch"
+    [parallel/process_group]="core kernels kernels/cpu nn nn/models nn/optim data parallel/store parallel/launch parallel/process_group"
+    [parallel/mesh]="core kernels kernels/cpu nn nn/models nn/optim data parallel/store parallel/launch parallel/process_group parallel/mesh"
+    [parallel/ddp]="core kernels kernels/cpu nn nn/models nn/optim data parallel/store parallel/launch parallel/process_group parallel/mesh parallel/ddp"
+    [parallel/optim]="core kernels kernels/cpu nn nn/models nn/optim data parallel/store parallel/launch parallel/process_group parallel/mesh parallel/optim"
+    [parallel/pipeline]="core kernels kernels/cpu nn nn/models nn/optim data parallel/store parallel/launch parallel/process_group parallel/mesh parallel/ddp parallel/local parallel/pipeline"
+    [train]="core kernels kernels/cpu nn nn/models nn/optim data parallel/local parallel/store parallel/launch parallel/process_group parallel/mesh parallel/ddp parallel/optim parallel/pipeline train"
   )
   for layer in "${!below[@]}"; do
     [ -d "$objects/$layer" ] || continue
@@ -81,5 +117,5 @@ if [ -n "$build" ]; then
     fi
   done
 fi
-[ $status -eq 0 ] && echo "layering: core <- kernels <- nn, data <- parallel <- train <- apps holds; CUDA stays in kernels/cuda"
+[ $status -eq 0 ] && echo "layering: core <- kernels <- nn, data <- parallel <- train <- apps holds, and parallel/'s sub-layers; CUDA stays in kernels/cuda"
 exit $status

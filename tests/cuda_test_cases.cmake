@@ -3,16 +3,17 @@
 # TEST_INCLUDE_FILES; gtest_discover_tests' PRE_TEST mode works the same way).
 #
 # Why per case: a CUDA fault such as an illegal address is sticky, it breaks the context of the
-# process for good, so in a suite run as one process every later case fails too and the first
-# GPU run would hide what it could have shown. In its own process each case fails alone.
+# process for good, so in a suite run as one process every later case fails too and one fault
+# hides whatever the cases after it would have shown. In its own process each case fails alone.
 #
 # Why at ctest time, not at build time: the suites list their cases only where a GPU is visible
 # (without one they exit 77 before doctest starts, saying why). There the suite stays one entry,
 # which CTest shows as skipped, as before: a CPU-only run keeps one line per suite.
 
 # prefix: the entry's name before "/case"; executable: the suite; environment: the entries'
-# ENVIRONMENT property (a list); filter: a doctest --test-case filter ("" for every case).
-function(weft_register_cuda_test_cases prefix executable environment filter)
+# ENVIRONMENT property (a list); filter: a doctest --test-case filter ("" for every case);
+# labels: the entries' LABELS (a list, tests/CMakeLists.txt says which).
+function(weft_register_cuda_test_cases prefix executable environment filter labels)
   set(listing "")
   set(rc "not built")
   set(only "")
@@ -48,7 +49,8 @@ function(weft_register_cuda_test_cases prefix executable environment filter)
     # No GPU (77, the suite says why when it runs), not built, or a listing that failed: the whole
     # suite as one entry, which shows the reason.
     add_test("${prefix}" "${executable}" ${only})
-    set_tests_properties("${prefix}" PROPERTIES ENVIRONMENT "${environment}" SKIP_RETURN_CODE 77)
+    set_tests_properties("${prefix}" PROPERTIES ENVIRONMENT "${environment}" SKIP_RETURN_CODE 77
+                         LABELS "${labels}")
     return()
   endif()
 
@@ -62,6 +64,6 @@ function(weft_register_cuda_test_cases prefix executable environment filter)
     add_test("${prefix}/${name}" "${executable}" "--test-case=${filter}")
     # A filter that matched nothing would pass silently: "test cases: 0 |" fails the entry.
     set_tests_properties("${prefix}/${name}" PROPERTIES ENVIRONMENT "${environment}" SKIP_RETURN_CODE 77
-                         FAIL_REGULAR_EXPRESSION "test cases: *0 [|]")
+                         FAIL_REGULAR_EXPRESSION "test cases: *0 [|]" LABELS "${labels}")
   endforeach()
 endfunction()

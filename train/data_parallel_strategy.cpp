@@ -9,7 +9,7 @@ DataParallelStrategy::DataParallelStrategy(std::vector<Device> devices) : device
   WEFT_CHECK(!devices_.empty(), "DataParallelStrategy: no devices given");
 }
 
-std::shared_ptr<nn::Module> DataParallelStrategy::prepare(std::shared_ptr<nn::Module> model) {
+std::shared_ptr<nn::Module> DataParallelStrategy::prepare_model(std::shared_ptr<nn::Module> model) {
   model->to(devices_[0]);
   return std::make_shared<parallel::DataParallel>(std::move(model), devices_);
 }

@@ -1,4 +1,4 @@
-// DataParallelStrategy: the TrainLoop's 'dp' mode (seed 000's gpu_mode='dp').
+// DataParallelStrategy: the TrainLoop's 'dp' mode (one process, several devices).
 //
 // The model is moved to devices[0] and wrapped in parallel::DataParallel over the devices:
 // batches are delivered to devices[0], each step scatters them across the devices, runs
@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "parallel/data_parallel.h"
+#include "parallel/local/data_parallel.h"
 #include "train/strategy.h"
 
 namespace weft::train {
@@ -24,12 +24,12 @@ class DataParallelStrategy final : public Strategy {
 
   ParallelMode mode() const override { return ParallelMode::DataParallel; }
   int world_size() const override { return static_cast<int>(devices_.size()); }
-  std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model) override;
   Device input_device() const override { return devices_[0]; }
 
   const std::vector<Device>& devices() const { return devices_; }
 
  private:
+  std::shared_ptr<nn::Module> prepare_model(std::shared_ptr<nn::Module> model) override;
   std::vector<Device> devices_;
 };
 

@@ -7,8 +7,8 @@
 #include <system_error>
 
 #include "core/error.h"
-#include "parallel/launch_env.h"
-#include "parallel/tcp_store.h"
+#include "parallel/launch/launch_env.h"
+#include "parallel/store/tcp_store.h"
 
 namespace weft::train {
 

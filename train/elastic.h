@@ -32,7 +32,7 @@
 #include <optional>
 #include <string>
 
-#include "parallel/elastic_rendezvous.h"
+#include "parallel/launch/elastic_rendezvous.h"
 #include "train/train_loop.h"
 
 namespace weft::train {

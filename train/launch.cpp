@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "parallel/distributed.h"
-#include "parallel/launch_env.h"
+#include "parallel/launch/launch_env.h"
+#include "parallel/process_group/distributed.h"
 
 namespace weft::train {
 

@@ -1,8 +1,8 @@
 // Starting the ranks of a job from the program itself, and joining it from each rank.
 //
-// Starting them (seed 000's TrainLoop "spawns the processes"): a program that finds it was not
-// started as a rank runs itself again as `nproc` ranks under weft-run, which sets each rank's
-// variables, prefixes their output and stops them all when one fails. In C++ a loop cannot
+// Starting them (as a training script spawns its own processes): a program that finds it was
+// not started as a rank runs itself again as `nproc` ranks under weft-run, which sets each
+// rank's variables, prefixes their output and stops them all when one fails. In C++ a loop cannot
 // fork the program half-way through, so this is called first thing in main:
 //
 //   int main(int argc, char** argv) {
@@ -18,7 +18,7 @@
 
 namespace weft::train {
 
-// A job across machines (seed 000's num_nodes and node_rank): each node runs the program
+// A job across machines (num_nodes and node_rank): each node runs the program
 // with its node rank, and all of them meet at rank 0's address.
 struct NodeOptions {
   int nnodes = 1;

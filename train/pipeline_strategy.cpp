@@ -3,15 +3,12 @@
 
 #include "core/error.h"
 #include "core/trace.h"
-#include "nn/models/convnet.h"
-#include "nn/models/resnet.h"
+#include "nn/sequential.h"
 
 namespace weft::train {
 
 std::shared_ptr<nn::Sequential> pipeline_sequential(const std::shared_ptr<nn::Module>& model) {
-  if (auto seq = std::dynamic_pointer_cast<nn::Sequential>(model)) return seq;
-  if (auto convnet = std::dynamic_pointer_cast<nn::ConvNet>(model)) return convnet->as_sequential();
-  if (auto resnet = std::dynamic_pointer_cast<nn::ResNet>(model)) return resnet->as_sequential();
+  if (auto seq = model->as_sequential()) return seq;
   WEFT_FAIL("pipeline mode: a ", model->type_name(), " cannot be split into stages; give an nn::Sequential (ConvNet "
             "and ResNet convert themselves with as_sequential())");
 }
@@ -20,7 +17,7 @@ PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options) : options_(s
   WEFT_CHECK(!options_.devices.empty(), "PipelineStrategy: no devices given");
 }
 
-std::shared_ptr<nn::Module> PipelineStrategy::prepare(std::shared_ptr<nn::Module> model) {
+std::shared_ptr<nn::Module> PipelineStrategy::prepare_model(std::shared_ptr<nn::Module> model) {
   return pipeline_ = std::make_shared<parallel::pipeline::Pipeline>(
       pipeline_sequential(model), parallel::pipeline::PipelineOptions{.devices = options_.devices,
                                                                 .balance = options_.balance,
@@ -38,14 +35,17 @@ parallel::pipeline::Pipeline& PipelineStrategy::pipeline() const {
   return *pipeline_;
 }
 
-Tensor PipelineStrategy::train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,
+Tensor PipelineStrategy::train_step(const data::Batch& batch, const Criterion& criterion,
                                     optim::Optimizer& optimizer) {
-  auto& pipeline = dynamic_cast<parallel::pipeline::Pipeline&>(model);
   optimizer.zero_grad();
-  Tensor loss = pipeline.step(batch.data, batch.target, criterion).loss;
+  Tensor loss = pipeline().step(batch.data, batch.target, criterion).loss;
   TraceSpan span("optimizer step", input_device());
   optimizer.step();
   return loss;
+}
+
+std::vector<size_t> PipelineStrategy::stage_layers() const {
+  return pipeline_ ? pipeline_->balance() : std::vector<size_t>{};
 }
 
 }  // namespace weft::train

@@ -40,15 +40,16 @@ class PipelineStrategy final : public Strategy {
 
   ParallelMode mode() const override { return ParallelMode::Pipeline; }
   int world_size() const override { return static_cast<int>(options_.devices.size()); }
-  std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model) override;
   Device input_device() const override { return options_.devices[0]; }
-  Tensor train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,
-                    optim::Optimizer& optimizer) override;
+  Tensor train_step(const data::Batch& batch, const Criterion& criterion, optim::Optimizer& optimizer) override;
+  std::vector<size_t> stage_layers() const override;
 
   const PipelineStrategyOptions& options() const { return options_; }
   parallel::pipeline::Pipeline& pipeline() const;  // what prepare() made
 
  private:
+  std::shared_ptr<nn::Module> prepare_model(std::shared_ptr<nn::Module> model) override;
+
   PipelineStrategyOptions options_;
   std::shared_ptr<parallel::pipeline::Pipeline> pipeline_;
 };

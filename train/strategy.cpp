@@ -25,8 +25,18 @@ const char* parallel_mode_name(ParallelMode mode) {
   return "unknown";
 }
 
-Tensor Strategy::train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,
-                            optim::Optimizer& optimizer) {
+std::shared_ptr<nn::Module> Strategy::prepare(std::shared_ptr<nn::Module> model) {
+  runner_ = prepare_model(std::move(model));
+  return runner_;
+}
+
+nn::Module& Strategy::runner() const {
+  WEFT_CHECK(runner_ != nullptr, "Strategy: runner() before prepare()");
+  return *runner_;
+}
+
+Tensor Strategy::train_step(const data::Batch& batch, const Criterion& criterion, optim::Optimizer& optimizer) {
+  nn::Module& model = runner();
   const Device device = input_device();
   optimizer.zero_grad();
   Tensor loss;
@@ -56,7 +66,7 @@ std::shared_ptr<data::DataLoader> shard_loader(const data::DataLoader& loader, b
   return std::make_shared<data::DataLoader>(loader.dataset(), options, std::move(sampler));
 }
 
-std::shared_ptr<nn::Module> SingleDevice::prepare(std::shared_ptr<nn::Module> model) {
+std::shared_ptr<nn::Module> SingleDevice::prepare_model(std::shared_ptr<nn::Module> model) {
   if (device_) model->to(*device_);
   else device_ = model->device();
   return model;

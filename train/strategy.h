@@ -1,19 +1,20 @@
 // Strategy: how the TrainLoop runs a model on its devices, without the loop knowing how.
 //
-// Seed 000's TrainLoop takes gpu_mode = 'dp' or 'ddp' and branches on it. weft's loop
-// instead asks a Strategy, at a few fixed points, what only the mode knows: which devices
-// the model runs on and where batches go, how the model is prepared (moved, wrapped in
-// DataParallel or DDP, split into pipeline stages), how one batch is stepped, how a loader
-// is sharded across processes, how the sums of an epoch (loss, correct answers, samples)
-// are combined across devices or ranks, and whether this process logs, writes metrics and
-// saves checkpoints. train_epoch, evaluate and save_checkpoint are the same for every
-// mode; each parallel mode adds one Strategy next to this file.
+// A loop that branches on a mode (gpu_mode = 'dp' or 'ddp') grows a branch per mode in every
+// phase. weft's loop instead asks a Strategy, at a few fixed points, what only the mode knows:
+// which devices the model runs on and where batches go, how the model is prepared (moved,
+// wrapped in DataParallel or DDP, split into pipeline stages), how one batch is stepped, how a
+// loader is sharded across processes, how the sums of an epoch (loss, correct answers,
+// samples) are combined across devices or ranks, and whether this process logs, writes metrics
+// and saves checkpoints. train_epoch, evaluate and save_checkpoint are the same for every
+// mode.
 //
-// SingleDevice (below): the model runs where it lives. DataParallelStrategy
-// (train/data_parallel_strategy.h): one process, the batch split across devices.
-// DistributedStrategy (train/distributed_strategy.h): one process per device, DDP.
-// PipelineStrategy (train/pipeline_strategy.h): one process, the model split into stages.
-// DistributedPipelineStrategy (train/distributed_pipeline_strategy.h): a stage per process.
+// In one process: SingleDevice (below), the model runs where it lives; DataParallelStrategy
+// (train/data_parallel_strategy.h), the batch split across devices; PipelineStrategy
+// (train/pipeline_strategy.h), the model split into stages on devices. Across processes, one
+// class for every combination: DistributedStrategy (train/distributed_strategy.h) applies each
+// parallelism of a ParallelPlan (DDP, a stage per rank, both) along a dimension of one
+// DeviceMesh.
 #pragma once
 
 #include <map>
@@ -25,6 +26,7 @@
 #include "core/device.h"
 #include "core/tensor.h"
 #include "data/dataloader.h"
+#include "nn/criterion.h"
 #include "nn/module.h"
 #include "nn/optim/optimizer.h"
 
@@ -36,8 +38,7 @@ enum class ParallelMode { Single, DataParallel, DistributedDataParallel, Pipelin
 ParallelMode parse_parallel_mode(const std::string& name);
 const char* parallel_mode_name(ParallelMode mode);
 
-// loss = criterion(model output, target), reduced to a scalar mean over the batch.
-using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+using nn::Criterion;
 
 // Sums over the batches of an epoch or an evaluation, read back once at its end.
 struct Totals {
@@ -60,8 +61,10 @@ class Strategy {
   bool is_main_process() const { return rank() == 0; }
 
   // Called once, by the TrainLoop's constructor: checks, moves or wraps the model and
-  // returns the module the loop calls forward on.
-  virtual std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model) = 0;
+  // returns the module the loop calls forward on, which the strategy keeps (runner()).
+  std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model);
+  // What prepare() returned (an error before it).
+  nn::Module& runner() const;
   // Where the loop delivers batches (and sums the epoch's totals).
   virtual Device input_device() const = 0;
   // This process's share of a loader's samples (ddp, and a pipeline replicated over
@@ -72,11 +75,10 @@ class Strategy {
   }
   // One step on one batch: zero the grads, forward, loss, backward, optimizer step.
   // Returns the batch's loss on input_device(), not read back.
-  virtual Tensor train_step(nn::Module& model, const data::Batch& batch, const Criterion& criterion,
-                            optim::Optimizer& optimizer);
+  virtual Tensor train_step(const data::Batch& batch, const Criterion& criterion, optim::Optimizer& optimizer);
   // The model's output for a batch being evaluated, on input_device() (the pipeline across
   // processes: the last stage's, broadcast to every rank).
-  virtual Tensor forward(nn::Module& model, const Tensor& input) { return model.forward(input); }
+  virtual Tensor forward(const Tensor& input) { return runner().forward(input); }
   // This process's totals combined over every process of the run (ddp: all-reduced).
   virtual Totals reduce(const Totals& local) { return local; }
   // Returns once every process of the run has called it (ddp: the group's barrier): after
@@ -98,6 +100,16 @@ class Strategy {
   virtual std::map<std::string, double> state_dict() const { return {}; }
   virtual void check_state_dict(const std::map<std::string, double>& state) const {}
   virtual void load_state_dict(const std::map<std::string, double>& state) {}
+  // The layers of each pipeline stage, in stage order, once prepare() has split the model;
+  // empty where the model is not split.
+  virtual std::vector<size_t> stage_layers() const { return {}; }
+
+ protected:
+  // prepare()'s work: what the mode does to the model.
+  virtual std::shared_ptr<nn::Module> prepare_model(std::shared_ptr<nn::Module> model) = 0;
+
+ private:
+  std::shared_ptr<nn::Module> runner_;
 };
 
 // Shard `index` of `shards` of a loader's samples: a loader over the same data and options with
@@ -112,10 +124,10 @@ class SingleDevice final : public Strategy {
   explicit SingleDevice(std::optional<Device> device = std::nullopt) : device_(device) {}
 
   ParallelMode mode() const override { return ParallelMode::Single; }
-  std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model) override;
   Device input_device() const override;
 
  private:
+  std::shared_ptr<nn::Module> prepare_model(std::shared_ptr<nn::Module> model) override;
   std::optional<Device> device_;
 };
 

@@ -1,16 +1,13 @@
 // TrainLoop: the epoch loop, evaluation and checkpoints.
 #include "train/train_loop.h"
 
-#include <charconv>
 #include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
-#include <limits>
 #include <map>
 #include <optional>
-#include <tuple>
 
 #include "core/atomic_file.h"
 #include "core/autograd.h"
@@ -19,25 +16,10 @@
 #include "data/device_prefetcher.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
-#include "nn/safetensors.h"
+#include "train/checkpoint.h"
 #include "train/progress.h"
 
 namespace weft::train {
-
-namespace {
-
-// The checkpoint metadata the loop writes itself (TrainLoopOptions::checkpoint_metadata may
-// not use these keys).
-bool is_loop_metadata(const std::string& key) {
-  for (const char* exact : {"format", "epoch", "epoch_samples", "epoch_loss_sum", "epoch_batches", "epoch_order",
-                            "scheduler"})
-    if (key == exact) return true;
-  for (const char* prefix : {"rng.", "optimizer.", "scheduler.", "strategy."})
-    if (key.rfind(prefix, 0) == 0) return true;
-  return false;
-}
-
-}  // namespace
 
 TrainLoop::TrainLoop(std::shared_ptr<nn::Module> model, std::shared_ptr<data::DataLoader> train_loader,
                      std::shared_ptr<data::DataLoader> val_loader, std::shared_ptr<data::DataLoader> test_loader,
@@ -48,7 +30,7 @@ TrainLoop::TrainLoop(std::shared_ptr<nn::Module> model, std::shared_ptr<data::Da
   WEFT_CHECK(model_ && train_loader_ && optimizer_ && criterion_, "TrainLoop: the model, the train loader, the "
              "optimizer and the criterion are required");
   for (const auto& [key, value] : options_.checkpoint_metadata)
-    WEFT_CHECK(!is_loop_metadata(key), "TrainLoop: checkpoint_metadata key '", key,
+    WEFT_CHECK(!is_checkpoint_metadata(key), "TrainLoop: checkpoint_metadata key '", key,
                "' is reserved for the loop's own entries");
   WEFT_CHECK(options_.checkpoint_every >= 0, "TrainLoop: checkpoint_every must be non-negative (0: only at epochs' "
              "ends), got ", options_.checkpoint_every);
@@ -136,7 +118,7 @@ std::optional<EpochResult> TrainLoop::train_epoch(int epoch, int epochs) {
     TraceSpan span("train step", device);
     span.arg("step", step);
     for (auto& cb : callbacks_) cb->on_batch_begin(*this, step);
-    Tensor loss = strategy_->train_step(*runner_, batch, criterion_, *optimizer_);
+    Tensor loss = strategy_->train_step(batch, criterion_, *optimizer_);
     for (auto& cb : callbacks_) cb->on_after_optimizer_step(*this, step);
     {
       NoGradGuard no_grad;
@@ -259,7 +241,7 @@ Evaluation TrainLoop::evaluate(data::DataLoader& loader) {
   Tensor correct = zeros({}, TensorOptions(DType::Int64, device));
   int64_t samples = 0;
   for (const data::Batch& batch : data::DevicePrefetcher(loader, device)) {
-    Tensor out = strategy_->forward(*runner_, batch.data);
+    Tensor out = strategy_->forward(batch.data);
     const int64_t n = batch.data.size(0);
     loss_sum = add(loss_sum, mul(criterion_(out, batch.target).to(DType::Float64), static_cast<double>(n)));
     correct = add(correct, sum(eq(argmax(out, 1), batch.target).to(DType::Int64)));
@@ -283,191 +265,48 @@ std::optional<Evaluation> TrainLoop::evaluate_test() {
   return evaluate(*test_loader_);
 }
 
-// --- checkpoints ----------------------------------------------------------------------
-//
-// One safetensors file: "model.<name>" and "optimizer.<name>" tensors; metadata holds
-// the epoch, the unfinished epoch's position and partial totals ("epoch_samples",
-// "epoch_loss_sum", "epoch_batches": Note [Mid-epoch checkpoints]; a checkpoint without
-// them is at an epoch's end), the optimizer's scalars, the scheduler's ("scheduler" = its
-// name, "scheduler.<key>"), every default generator's state as "rng.<device>.seed" and
-// "rng.<device>.offset", and options.checkpoint_metadata. Doubles are written with 17
-// significant digits, which reads back to the same double. The strategy's state, if it keeps
-// one, is "strategy.<key>" (local SGD's step count). Format 1 (one generator:
-// "rng.seed", "rng.offset", for cpu:0) is still read.
-
-namespace {
-
-constexpr const char* kFormat = "weft-checkpoint-2";
-constexpr const char* kFormat1 = "weft-checkpoint-1";
-
-std::string exact(double v) {
-  char buffer[40];
-  std::snprintf(buffer, sizeof buffer, "%.17g", v);
-  return buffer;
-}
-
-const std::string& metadata_value(const std::map<std::string, std::string>& meta, const std::string& key,
-                                  const std::string& path) {
-  auto it = meta.find(key);
-  WEFT_CHECK(it != meta.end(), "resume: checkpoint '", path, "' has no '", key, "' entry in its metadata");
-  return it->second;
-}
-
-double parse_double(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
-  const std::string& text = metadata_value(meta, key, path);
-  char* end = nullptr;
-  double v = std::strtod(text.c_str(), &end);
-  WEFT_CHECK(!text.empty() && *end == '\0', "resume: checkpoint '", path, "': metadata '", key,
-             "' is not a number: '", text, "'");
-  return v;
-}
-
-uint64_t parse_u64(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
-  const std::string& text = metadata_value(meta, key, path);
-  uint64_t v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  WEFT_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size(), "resume: checkpoint '", path,
-             "': metadata '", key, "' is not a non-negative integer: '", text, "'");
-  return v;
-}
-
-
-using GeneratorState = std::tuple<Device, uint64_t, uint64_t>;  // device, seed, offset
-
-std::vector<GeneratorState> read_generator_states(const std::map<std::string, std::string>& meta,
-                                                  const std::string& format, const std::string& path) {
-  if (format == kFormat1) return {{kCPU, parse_u64(meta, "rng.seed", path), parse_u64(meta, "rng.offset", path)}};
-  std::vector<GeneratorState> out;
-  const std::string prefix = "rng.", suffix = ".seed";
-  for (const auto& [key, value] : meta) {
-    if (key.size() <= prefix.size() + suffix.size() || key.rfind(prefix, 0) != 0 ||
-        key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
-    const std::string name = key.substr(prefix.size(), key.size() - prefix.size() - suffix.size());
-    std::optional<Device> device;
-    try {
-      device = Device(name);
-    } catch (const Error&) {
-      WEFT_FAIL("resume: checkpoint '", path, "': metadata '", key, "' names no device ('", name, "')");
-    }
-    out.emplace_back(*device, parse_u64(meta, key, path), parse_u64(meta, prefix + name + ".offset", path));
-  }
-  return out;
-}
-
-}  // namespace
+// --- checkpoints (train/checkpoint.h) ------------------------------------------------
 
 void TrainLoop::save_checkpoint(const std::string& path) const {
   TraceSpan span("checkpoint", strategy_->input_device());
-  std::vector<std::pair<std::string, Tensor>> tensors;
+  Checkpoint c;
   for (auto& [name, t] : model_->state_dict()) {
     // Non-finite weights never replace a checkpoint (a diverged run would destroy the last
     // good one).
     WEFT_CHECK(!is_floating(t.dtype()) || t.numel() == 0 || std::isfinite(amax(abs(t)).item()),
                "save_checkpoint: the model's '", name, "' holds NaN or infinite values; '", path,
                "' is left as it was");
-    tensors.emplace_back("model." + name, t);
+    c.model.emplace_back(name, t);
   }
-  optim::OptimizerState state = optimizer_->state_dict();
-  for (auto& [name, t] : state.tensors) tensors.emplace_back("optimizer." + name, t);
-  std::map<std::string, std::string> meta{{"format", kFormat},
-                                          {"epoch", std::to_string(epoch_)},
-                                          {"epoch_samples", std::to_string(epoch_samples_)},
-                                          {"epoch_loss_sum", exact(epoch_loss_sum_)},
-                                          {"epoch_batches", std::to_string(epoch_batches_)}};
-  const std::string order = train_loader_->sampler().global_order();
-  if (!order.empty()) meta["epoch_order"] = order;
-  for (auto& [device, gen] : default_generators()) {
-    meta["rng." + device.str() + ".seed"] = std::to_string(gen->seed());
-    meta["rng." + device.str() + ".offset"] = std::to_string(gen->offset());
-  }
-  for (auto& [name, v] : state.scalars) meta["optimizer." + name] = exact(v);
+  c.optimizer = optimizer_->state_dict();
+  c.epoch = epoch_;
+  c.epoch_samples = epoch_samples_, c.epoch_loss_sum = epoch_loss_sum_, c.epoch_batches = epoch_batches_;
+  c.epoch_order = train_loader_->sampler().global_order();
+  for (auto& [device, gen] : default_generators()) c.generators.push_back({device, gen->seed(), gen->offset()});
   if (options_.scheduler) {
-    meta["scheduler"] = options_.scheduler->name();
-    for (auto& [name, v] : options_.scheduler->state_dict()) meta["scheduler." + name] = exact(v);
+    c.scheduler = options_.scheduler->name();
+    c.scheduler_state = options_.scheduler->state_dict();
   }
-  for (auto& [name, v] : strategy_->state_dict()) meta["strategy." + name] = exact(v);
-  meta.insert(options_.checkpoint_metadata.begin(), options_.checkpoint_metadata.end());
-  save_safetensors(path, tensors, meta);
+  c.strategy_state = strategy_->state_dict();
+  c.metadata = options_.checkpoint_metadata;
+  write_checkpoint(path, c);
 }
 
 void TrainLoop::resume(const std::string& path) {
-  SafetensorsFile file = load_safetensors(path);
-  auto format = file.metadata.find("format");
-  WEFT_CHECK(format != file.metadata.end() && (format->second == kFormat || format->second == kFormat1), "resume: '",
-             path, "' is not a weft checkpoint (metadata 'format' should be '", kFormat, "')");
-  nn::NamedTensors model_state;
-  optim::OptimizerState optimizer_state;
-  for (auto& [name, t] : file.tensors) {
-    if (name.rfind("model.", 0) == 0) model_state.emplace_back(name.substr(6), t);
-    else if (name.rfind("optimizer.", 0) == 0) optimizer_state.tensors.emplace_back(name.substr(10), t);
-    else WEFT_FAIL("resume: '", path, "' holds an unexpected tensor '", name, "'");
-  }
-  std::map<std::string, double> scheduler_state, strategy_state;
-  for (auto& [key, value] : file.metadata) {
-    if (key.rfind("optimizer.", 0) == 0) optimizer_state.scalars[key.substr(10)] = parse_double(file.metadata, key, path);
-    if (key.rfind("scheduler.", 0) == 0) scheduler_state[key.substr(10)] = parse_double(file.metadata, key, path);
-    if (key.rfind("strategy.", 0) == 0) strategy_state[key.substr(9)] = parse_double(file.metadata, key, path);
-  }
   // Everything is read and checked before anything is changed.
-  auto generators = read_generator_states(file.metadata, format->second, path);
-  const uint64_t epoch = parse_u64(file.metadata, "epoch", path);
-  WEFT_CHECK(epoch <= static_cast<uint64_t>(std::numeric_limits<int>::max()), "resume: checkpoint '", path,
-             "': metadata 'epoch' is ", epoch, ", more epochs than a run can have");
-  // Absent (a checkpoint written before mid-epoch checkpoints existed): an epoch's end.
-  auto count = [&](const std::string& key) -> int64_t {
-    if (!file.metadata.count(key)) return 0;
-    const uint64_t v = parse_u64(file.metadata, key, path);
-    WEFT_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), "resume: checkpoint '", path,
-               "': metadata '", key, "' is ", v, ", out of range");
-    return static_cast<int64_t>(v);
-  };
-  const int64_t epoch_samples = count("epoch_samples"), epoch_batches = count("epoch_batches");
-  const double epoch_loss_sum =
-      file.metadata.count("epoch_loss_sum") ? parse_double(file.metadata, "epoch_loss_sum", path) : 0.0;
-  auto saved_scheduler = file.metadata.find("scheduler");
-  if (options_.scheduler) {
-    const std::string& mine = options_.scheduler->name();
-    WEFT_CHECK(saved_scheduler != file.metadata.end(), "resume: checkpoint '", path, "' was written without a "
-               "learning-rate scheduler, but this loop has a ", mine, " (its schedule would restart at epoch ",
-               epoch, "); resume without a scheduler, or start a new run");
-    WEFT_CHECK(saved_scheduler->second == mine, "resume: checkpoint '", path, "' was written with a ",
-               saved_scheduler->second, " scheduler, but this loop has a ", mine);
-    try {
-      options_.scheduler->check_state_dict(scheduler_state);
-    } catch (const Error& e) {
-      WEFT_FAIL("resume: checkpoint '", path, "': ", e.what());
-    }
-  } else {
-    WEFT_CHECK(saved_scheduler == file.metadata.end() && scheduler_state.empty(), "resume: checkpoint '", path,
-               "' holds the state of a ", saved_scheduler != file.metadata.end() ? saved_scheduler->second : "",
-               " learning-rate scheduler, but this loop has none (TrainLoopOptions::scheduler): its learning rate "
-               "would stay where the schedule left it");
-  }
-  try {
-    strategy_->check_state_dict(strategy_state);
-  } catch (const Error& e) {
-    WEFT_FAIL("resume: checkpoint '", path, "': ", e.what());
-  }
-  model_->load_state_dict(model_state);
-  optimizer_->load_state_dict(optimizer_state);
-  strategy_->load_state_dict(strategy_state);
-  if (options_.scheduler) options_.scheduler->load_state_dict(scheduler_state);
-  epoch_ = static_cast<int>(epoch);
-  epoch_samples_ = epoch_samples, epoch_loss_sum_ = epoch_loss_sum, epoch_batches_ = epoch_batches;
-  for (auto& [device, seed, offset] : generators) {
-    default_generator(device).manual_seed(seed);
-    default_generator(device).set_offset(offset);
-  }
+  const Checkpoint c = read_checkpoint(path);
+  check_resumable(c, path, options_.scheduler.get(), *strategy_);
+  restore_checkpoint(c, *model_, *optimizer_, *strategy_, options_.scheduler.get());
+  epoch_ = c.epoch;
+  epoch_samples_ = c.epoch_samples, epoch_loss_sum_ = c.epoch_loss_sum, epoch_batches_ = c.epoch_batches;
   // A mid-epoch checkpoint's position counts samples of its run's order (Note [Mid-epoch
   // checkpoints]); in another order the rest of that epoch is not what that run had left.
-  auto order = file.metadata.find("epoch_order");
   const std::string mine = train_loader_->sampler().global_order();
-  if (epoch_samples > 0 && order != file.metadata.end() && !mine.empty() && order->second != mine)
+  if (c.epoch_samples > 0 && !c.epoch_order.empty() && !mine.empty() && c.epoch_order != mine)
     log_stream(options_, *strategy_)
-        << "weft: resume: '" << path << "' stopped " << epoch_samples << " samples into epoch " << epoch + 1
-        << ", which its run took in " << order->second << "; this loop takes it in " << mine << ", so the rest of "
-        << "epoch " << epoch + 1 << " is not the samples that run had left (some are trained twice, others not at "
+        << "weft: resume: '" << path << "' stopped " << c.epoch_samples << " samples into epoch " << c.epoch + 1
+        << ", which its run took in " << c.epoch_order << "; this loop takes it in " << mine << ", so the rest of "
+        << "epoch " << c.epoch + 1 << " is not the samples that run had left (some are trained twice, others not at "
         << "all). Later epochs are whole. (ddp and replicated pipelines take DistributedSampler's order; one device, "
         << "dp and one pipeline the loader's own.)" << std::endl;
 }

@@ -1,4 +1,5 @@
-// TrainLoop: fit / evaluate / checkpoint / resume for a model, after seed 000's TrainLoop.
+// TrainLoop: fit / evaluate / checkpoint / resume for a model (the loop a PyTorch training script
+// writes by hand, as one object).
 //
 //   TrainLoop loop(model, train_loader, val_loader, test_loader, optimizer, criterion);
 //   loop.fit(3);

@@ -3,7 +3,7 @@
 //
 // std::exp is a library call per element (about 5 ns here); softmax spends nearly all
 // its time in it. exp_float below is branch-free arithmetic the compiler vectorises, within
-// 2 ulp of the exact value for every float (tests/test_softmax_loss.cpp checks it against
+// 2 ulp of the exact value for every float (tests/kernels/test_softmax_loss.cpp checks it against
 // std::exp in float64). float64 keeps std::exp.
 #pragma once
 

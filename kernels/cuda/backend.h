@@ -1,6 +1,6 @@
 // The CUDA backend: its DeviceBackend (core/device_backend.h) and its kernels' registration.
 //
-// core/ knows nothing of CUDA (DESIGN.md). backend.cpp registers a DeviceBackend for CUDA
+// core/ knows nothing of CUDA (docs/design.md). backend.cpp registers a DeviceBackend for CUDA
 // at static initialisation; on first use of a CUDA device, or of cuda_available(), core
 // starts it once: it discovers the GPUs and, when there are any, fills the CUDA entry of
 // every DispatchStub through the register_* functions below, one per kernel file. A static

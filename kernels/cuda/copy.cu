@@ -140,9 +140,9 @@ void copy_with_host(const Tensor& src, const Tensor& dst) {
     Stream stream = current_stream(src.device());
     // Into pageable memory the copy waits inside the driver for what the stream has queued,
     // holding a lock of the driver that other threads' cudaEventCreate and cudaEventDestroy
-    // need: the second GPU run saw an NCCL watchdog and a send's issuing thread wait there
-    // while the main thread waited so for a received header (Note [Sends and receives on the
-    // caller's thread] in parallel/process_group_nccl.cpp). So the stream is waited for
+    // need: an NCCL watchdog or a send's issuing thread would wait there while the main thread
+    // waits so for a received header that needs that send (Note [Sends and receives on the
+    // caller's thread] in parallel/process_group/process_group_nccl.cpp). So the stream is waited for
     // first, and the copy's call waits only for its own bytes.
     stream.synchronize();
     WEFT_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), nbytes, cudaMemcpyDeviceToHost, native(stream)));

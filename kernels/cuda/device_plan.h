@@ -1,4 +1,4 @@
-// The map from logical CUDA devices to physical GPUs (DESIGN.md, "Devices").
+// The map from logical CUDA devices to physical GPUs (docs/design.md, "Devices").
 //
 // Pure, so that it is tested on machines without a GPU: runtime.cpp applies it to the
 // GPUs it finds and to the WEFT_VIRTUAL_DEVICES variable.

@@ -3,7 +3,7 @@
 // Every logical device has one compute stream (its default stream, non-blocking, created
 // on first use) and one upload stream for host-to-device copies that overlap compute
 // (DevicePrefetcher); communication gets streams of its own from new_stream(). Work on
-// different streams is ordered with events, never with host synchronisation (DESIGN.md,
+// different streams is ordered with events, never with host synchronisation (docs/design.md,
 // "Streams and memory"). Streams live as long as the process, as in PyTorch.
 //
 // Code outside kernels/cuda uses weft::Stream and weft::Event; CudaBackend

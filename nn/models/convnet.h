@@ -1,5 +1,5 @@
-// ConvNet: the model of seed 004 (the MNIST example of PyTorch's DistributedDataParallel
-// tutorial) for 1x28x28 images, the model weft-train trains by default.
+// ConvNet: the model of the MNIST example of a PyTorch DistributedDataParallel tutorial, for
+// 1x28x28 images; the model weft-train trains by default.
 //
 // PyTorch equivalent, whose state_dict names and shapes this one reproduces so that
 // checkpoints load on either side:
@@ -44,7 +44,7 @@ class ConvNet : public Cloneable<ConvNet> {
   Tensor forward(const Tensor& input) override;
   // The same layers (shared, not copied) as a Sequential that computes the same function:
   // layer1, layer2, flatten, fc; its state_dict names are this model's. For pipelines.
-  std::shared_ptr<Sequential> as_sequential() const;
+  std::shared_ptr<Sequential> as_sequential() const override;
 
   int64_t num_classes() const { return num_classes_; }
 

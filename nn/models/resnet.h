@@ -45,7 +45,7 @@ class ResNet : public Cloneable<ResNet> {
   // The same layers (shared, not copied) as a Sequential that computes the same function:
   // conv1, bn1, relu, layer1, layer2, layer3, avgpool, flatten, fc; its state_dict names
   // are this model's. For pipelines.
-  std::shared_ptr<Sequential> as_sequential() const;
+  std::shared_ptr<Sequential> as_sequential() const override;
 };
 
 }  // namespace weft::nn

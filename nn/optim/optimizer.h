@@ -36,6 +36,16 @@ struct OptimizerState {
   std::map<std::string, double> scalars;
 };
 
+// What an optimizer's step() does beyond this process: Local steps this rank's parameters alone
+// (every optimizer of nn/optim); the others are data-parallel wrappers whose step() is a
+// collective, which a strategy that needs each rank to step on its own (a pipeline's stages,
+// local SGD's replicas) refuses by name.
+enum class StepScope {
+  Local,
+  ShardedAcrossRanks,  // each rank steps a shard, then the shards are broadcast (ZeRO)
+  AveragesReplicas,    // the replicas' parameters are averaged after some steps (post-local SGD)
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -48,6 +58,7 @@ class Optimizer {
   // One update of every parameter that has a grad; runs with grad mode off. Each grad
   // must match its parameter's shape, dtype and device.
   virtual void step() = 0;
+  virtual StepScope step_scope() const { return StepScope::Local; }
   // Sets every parameter's grad to none (PyTorch's zero_grad(set_to_none=True)).
   void zero_grad();
 

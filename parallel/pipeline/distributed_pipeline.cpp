@@ -16,11 +16,12 @@
 #include "core/trace.h"
 #include "kernels/elementwise.h"
 #include "kernels/shape_ops.h"
-#include "parallel/collective_support.h"
-#include "parallel/connect_peers.h"
-#include "parallel/model_averaging.h"
 #include "parallel/pipeline/tensor_header.h"
-#include "parallel/text_collectives.h"
+#include "parallel/process_group/coalesced_collectives.h"
+#include "parallel/process_group/collective_support.h"
+#include "parallel/process_group/connect_peers.h"
+#include "parallel/process_group/text_collectives.h"
+#include "parallel/process_group/value_agreement.h"
 
 namespace weft::parallel::pipeline {
 
@@ -258,33 +259,29 @@ void DistributedPipeline::check_ranks_agree(size_t layers) const {
     }
     return int64_t{-1};
   };
-  const int64_t schedule = index_of(options_.schedule, {"gpipe", "1f1b", "interleaved"});
-  const int64_t recompute = index_of(options_.activation_checkpointing, {"never", "except_last", "always"});
-  std::vector<int64_t> mine{static_cast<int64_t>(layers), group_->size(), options_.micro_batches,
-                            options_.virtual_stages, schedule, recompute, options_.balance_by ? 1 : 0,
-                            options_.replicas_group ? options_.replicas_group->size() : 0,
-                            bucket_bytes(options_.bucket_cap_mb), bucket_bytes(options_.first_bucket_mb),
-                            options_.find_unused_parameters ? 1 : 0, static_cast<int64_t>(options_.balance.size())};
+  const double schedule = static_cast<double>(index_of(options_.schedule, {"gpipe", "1f1b", "interleaved"}));
+  const double recompute =
+      static_cast<double>(index_of(options_.activation_checkpointing, {"never", "except_last", "always"}));
+  std::vector<NamedValue> mine{
+      {"layers", static_cast<double>(layers)},
+      {"pipeline ranks", static_cast<double>(group_->size())},
+      {"micro_batches", static_cast<double>(options_.micro_batches)},
+      {"virtual_stages", static_cast<double>(options_.virtual_stages)},
+      {"schedule", schedule},
+      {"activation_checkpointing", recompute},
+      {"balance_by given", options_.balance_by ? 1.0 : 0.0},
+      {"replicas", options_.replicas_group ? static_cast<double>(options_.replicas_group->size()) : 0.0},
+      {"bucket_cap_mb (in bytes)", static_cast<double>(bucket_bytes(options_.bucket_cap_mb))},
+      {"first_bucket_mb (in bytes)", static_cast<double>(bucket_bytes(options_.first_bucket_mb))},
+      {"find_unused_parameters", options_.find_unused_parameters ? 1.0 : 0.0},
+      {"balance entries", static_cast<double>(options_.balance.size())}};
   for (size_t k = 0; k < 8; ++k)
-    mine.push_back(k < options_.balance.size() ? static_cast<int64_t>(options_.balance[k]) : -1);
-  const TensorOptions on_device(DType::Int64, options_.device);
-  Tensor local = tensor(mine, Shape{static_cast<int64_t>(mine.size())}).to(options_.device);
+    mine.push_back({"balance[" + std::to_string(k) + "]",
+                    k < options_.balance.size() ? static_cast<double>(options_.balance[k]) : -1.0});
   ProcessGroup& ranks = job();
-  std::vector<Tensor> all;
-  for (int r = 0; r < ranks.size(); ++r) all.push_back(zeros({static_cast<int64_t>(mine.size())}, on_device));
-  ranks.all_gather(all, local)->wait();
-  static const char* fields[] = {"layers", "pipeline ranks", "micro_batches", "virtual_stages", "schedule",
-                                 "activation_checkpointing", "balance_by given", "replicas",
-                                 "bucket_cap_mb (in bytes)", "first_bucket_mb (in bytes)", "find_unused_parameters",
-                                 "balance entries"};
-  constexpr size_t kFields = sizeof(fields) / sizeof(fields[0]);
-  for (int r = 0; r < ranks.size(); ++r) {
-    const std::vector<int64_t> theirs = all[r].to(kCPU).to_vector<int64_t>();
-    for (size_t i = 0; i < mine.size(); ++i)
-      WEFT_CHECK(theirs[i] == mine[i], "DistributedPipeline: ranks disagree: rank ", ranks.rank(), " has ",
-                 i < kFields ? fields[i] : "balance[" + std::to_string(i - kFields) + "]", " = ", mine[i], ", rank ",
-                 r, " has ", theirs[i], " (every rank must build the same model and pipeline options)");
-  }
+  if (auto difference = first_disagreement(ranks, mine, options_.device))
+    WEFT_FAIL("DistributedPipeline: ranks disagree: rank ", ranks.rank(), ": ", *difference,
+              " (every rank must build the same model and pipeline options)");
 }
 
 std::vector<size_t> DistributedPipeline::measured_balance(const nn::Sequential& model, int stages) const {
@@ -327,10 +324,9 @@ void DistributedPipeline::set_schedule(Schedule schedule) {
 // Note [Connecting before the first step]: weft's NCCL backend makes the communicators of a
 // pair of ranks at their first send or receive. Making one while a kernel of another
 // communicator runs can wait for that kernel, and the kernel for the peer, which may be
-// waiting for this communicator: the first GPU run hung so in 1F1B over two ranks (rank 1
-// making its communicator for gradients to rank 0, inside NCCL's cuMemHostAlloc, behind a
-// running send/receive kernel; rank 0 issuing its receive of those gradients). So the pairs
-// are connected here, before any step (parallel::connect_peers): pair after pair in the same
+// waiting for this communicator: in 1F1B over two ranks, rank 1 making its communicator for
+// gradients to rank 0 (inside NCCL's cuMemHostAlloc) waits behind a running send/receive
+// kernel while rank 0 issues its receive of those gradients. So the pairs are connected here, before any step (parallel::connect_peers): pair after pair in the same
 // order on every rank, the lower rank sending first, each message done before the next, so
 // that no communicator is made while a kernel of this rank runs.
 void DistributedPipeline::connect_peers(const Schedule& s) const {

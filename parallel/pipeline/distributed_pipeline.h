@@ -39,7 +39,7 @@
 //
 // Each rank trains its stages only; the rest of its copy of the model keeps the values it was
 // built with. broadcast_stages() makes every rank's copy the whole trained model, for a rank
-// that saves or evaluates it alone (the TrainLoop's checkpoints: train/distributed_pipeline_strategy.h).
+// that saves or evaluates it alone (the TrainLoop's checkpoints: train/distributed_strategy.h).
 //
 // Note [Replicated stages]: pipelines replicated over data-parallel groups (Megatron's PP x DP,
 // pipeline_mesh.h) are built from a PipelineMesh, or with replicas_group: the ranks that hold this
@@ -76,12 +76,12 @@
 
 #include "nn/module.h"
 #include "nn/sequential.h"
+#include "parallel/ddp/reducer.h"
 #include "parallel/pipeline/pipeline.h"
 #include "parallel/pipeline/pipeline_mesh.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/stage_runner.h"
-#include "parallel/process_group.h"
-#include "parallel/reducer.h"
+#include "parallel/process_group/process_group.h"
 
 namespace weft::parallel::pipeline {
 

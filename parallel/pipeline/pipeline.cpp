@@ -11,7 +11,7 @@
 #include "core/trace.h"
 #include "kernels/elementwise.h"
 #include "kernels/shape_ops.h"
-#include "parallel/fork_join.h"
+#include "parallel/local/fork_join.h"
 #include "parallel/pipeline/mailbox.h"
 
 namespace weft::parallel::pipeline {

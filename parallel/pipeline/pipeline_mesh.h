@@ -1,5 +1,6 @@
 // PipelineMesh: the default group's ranks as a grid of pipelines and their replicas (Megatron's
-// PP x DP; PyTorch's init_device_mesh with dimensions ("pp", "dp")).
+// PP x DP): the groups a DistributedPipeline needs, read off a DeviceMesh with dimensions
+// ("pp", "dp_replicate") (parallel/mesh/device_mesh.h).
 //
 //   init_process_group("gloo");                    // weft-run --nproc-per-node 4
 //   auto mesh = parallel::pipeline::pipeline_mesh(/*replicas=*/2);
@@ -16,7 +17,8 @@
 
 #include <memory>
 
-#include "parallel/process_group.h"
+#include "parallel/mesh/device_mesh.h"
+#include "parallel/process_group/process_group.h"
 
 namespace weft::parallel::pipeline {
 
@@ -34,8 +36,12 @@ struct PipelineMesh {
   std::shared_ptr<ProcessGroup> job;
 };
 
-// The mesh over the default group (a collective: every rank calls it, with the same R). A
-// world size that R does not divide is an error naming both.
+// The mesh over the default group (a collective: every rank calls it, with the same R): the
+// DeviceMesh pp=world/R x dp_replicate=R (pp alone when R is 1). A world size that R does not
+// divide is an error naming both.
 PipelineMesh pipeline_mesh(int replicas);
+// The pipelines and replicas of a mesh with a "pp" dimension and, optionally, "dp_replicate"
+// (others, such as a future "tp", are not part of a pipeline's groups).
+PipelineMesh pipeline_mesh(const DeviceMesh& mesh);
 
 }  // namespace weft::parallel::pipeline

@@ -32,13 +32,13 @@
 
 #include "core/device.h"
 #include "core/tensor.h"
+#include "nn/criterion.h"
 #include "nn/module.h"
 #include "parallel/pipeline/schedule.h"
 
 namespace weft::parallel::pipeline {
 
-// loss = criterion(output, target): the mean over the micro-batch.
-using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+using nn::Criterion;  // the mean over the micro-batch
 
 // Carries a rank's activations and gradients to the rank of another stage.
 class Transport {

@@ -1,7 +1,7 @@
 // What a rank needs before it can receive a tensor: its dtype and shape, sent ahead of it as
 // a fixed-size int64 message [dtype, dims, size 0 .. size dims-1, zeros], so that the
 // receiver allocates the tensor without knowing the model (the pipeline's activations and
-// gradients, the last stage's outputs that DistributedPipelineStrategy broadcasts).
+// gradients, the last stage's outputs that the TrainLoop's DistributedStrategy broadcasts).
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,150 @@
+// train/checkpoint.h on its own: a checkpoint written and read back holds what was written,
+// every entry the loop writes is reserved, and a bad file is named with the entry at fault.
+// (Resuming a TrainLoop from its checkpoints, and what the resumed run computes, is
+// test_train_loop's.) Also the capabilities the strategies ask of models and optimizers
+// instead of their types: Module::as_sequential and Optimizer::step_scope.
+#include "test_util.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "core/generator.h"
+#include "nn/activation.h"
+#include "nn/linear.h"
+#include "nn/models/convnet.h"
+#include "nn/models/mlp.h"
+#include "nn/optim/sgd.h"
+#include "nn/safetensors.h"
+#include "nn/sequential.h"
+#include "train/checkpoint.h"
+#include "train/pipeline_strategy.h"
+
+using namespace weft;
+using doctest::Contains;
+
+namespace {
+
+std::string scratch(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("weft_test_checkpoint_" + std::to_string(::getpid()) + name))
+      .string();
+}
+
+// Same dtype, shape and values (every value of these dtypes is exact as a double).
+bool same_tensor(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         a.to(DType::Float64).to_vector<double>() == b.to(DType::Float64).to_vector<double>();
+}
+
+}  // namespace
+
+TEST_CASE("write_checkpoint then read_checkpoint: every field comes back, doubles to the last bit") {
+  Generator gen(3);
+  train::Checkpoint c;
+  c.epoch = 2;
+  c.epoch_samples = 300, c.epoch_batches = 3;
+  c.epoch_loss_sum = 0.1 + 0.2;  // not a short decimal
+  c.epoch_order = "DistributedSampler(seed=0)";
+  c.model = {{"fc.weight", randn({3, 4}, DType::Float32, &gen)}, {"fc.bias", randn({3}, DType::Float64, &gen)}};
+  c.optimizer.tensors = {{"0.momentum_buffer", randn({3, 4}, DType::Float32, &gen)}};
+  c.optimizer.scalars = {{"lr", 1.0 / 3.0}};
+  c.scheduler = "StepLR";
+  c.scheduler_state = {{"last_epoch", 2}};
+  c.strategy_state = {{"local_sgd_step", 7}};
+  c.generators = {{Device("cpu:0"), 11, 1234}, {Device("cpu:1"), 99, 8}};
+  c.metadata = {{"run.model", "convnet"}};
+  const std::string path = scratch("roundtrip.safetensors");
+  train::write_checkpoint(path, c);
+  const train::Checkpoint back = train::read_checkpoint(path);
+  CHECK(back.epoch == 2);
+  CHECK(back.epoch_samples == 300);
+  CHECK(back.epoch_batches == 3);
+  CHECK(back.epoch_loss_sum == c.epoch_loss_sum);
+  CHECK(back.epoch_order == c.epoch_order);
+  // The file keeps tensors by name, not in the order given.
+  std::map<std::string, Tensor> model(back.model.begin(), back.model.end());
+  REQUIRE(model.size() == 2);
+  for (const auto& [name, t] : c.model) {
+    REQUIRE(model.count(name) == 1);
+    CHECK(same_tensor(model.at(name), t));
+  }
+  REQUIRE(back.optimizer.tensors.size() == 1);
+  CHECK(same_tensor(back.optimizer.tensors[0].second, c.optimizer.tensors[0].second));
+  CHECK(back.optimizer.scalars == c.optimizer.scalars);
+  CHECK(back.scheduler == "StepLR");
+  CHECK(back.scheduler_state == c.scheduler_state);
+  CHECK(back.strategy_state == c.strategy_state);
+  REQUIRE(back.generators.size() == 2);
+  CHECK(back.generators[1].device == Device("cpu:1"));
+  CHECK(back.generators[1].seed == 99);
+  CHECK(back.generators[1].offset == 8);
+  CHECK(back.metadata.at("run.model") == "convnet");  // the program's own entries are read back
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("the loop's own metadata keys are reserved; a file that is not a checkpoint is named") {
+  for (const char* key : {"format", "epoch", "epoch_samples", "epoch_order", "scheduler", "rng.cpu:0.seed",
+                          "optimizer.lr", "scheduler.last_epoch", "strategy.local_sgd_step"})
+    CHECK(train::is_checkpoint_metadata(key));
+  CHECK(!train::is_checkpoint_metadata("run.model"));
+  CHECK(!train::is_checkpoint_metadata("epochs"));
+
+  const std::string path = scratch("not_a_checkpoint.safetensors");
+  save_safetensors(path, {{"w", ones({2})}}, {{"format", "pt"}});
+  CHECK_THROWS_WITH_AS(train::read_checkpoint(path), Contains("is not a weft checkpoint"), Error);
+  save_safetensors(path, {{"model.w", ones({2})}}, {{"format", "weft-checkpoint-2"}, {"epoch", "x"}});
+  CHECK_THROWS_WITH_AS(train::read_checkpoint(path), Contains("metadata 'epoch' is not a non-negative integer: 'x'"),
+                       Error);
+  save_safetensors(path, {{"weights", ones({2})}}, {{"format", "weft-checkpoint-2"}, {"epoch", "1"}});
+  CHECK_THROWS_WITH_AS(train::read_checkpoint(path), Contains("holds an unexpected tensor 'weights'"), Error);
+  save_safetensors(path, {}, {{"format", "weft-checkpoint-2"}, {"epoch", "1"}, {"rng.gpu7.seed", "1"}});
+  CHECK_THROWS_WITH_AS(train::read_checkpoint(path), Contains("metadata 'rng.gpu7.seed' names no device"), Error);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("check_resumable: a scheduler saved or missing, of another kind, is named before anything changes") {
+  Generator gen(1);
+  auto model = std::make_shared<nn::Linear>(2, 2, true, TensorOptions(), &gen);
+  optim::SGD sgd(model->parameters(), optim::SGDOptions{0.1});
+  optim::StepLR step(sgd, 2, 0.5);
+  train::SingleDevice strategy;
+  train::Checkpoint plain;
+  CHECK_NOTHROW(train::check_resumable(plain, "a.safetensors", nullptr, strategy));
+  CHECK_THROWS_WITH_AS(train::check_resumable(plain, "a.safetensors", &step, strategy),
+                       Contains("'a.safetensors' was written without a learning-rate scheduler"), Error);
+  train::Checkpoint scheduled;
+  scheduled.scheduler = "CosineAnnealingLR";
+  scheduled.metadata["scheduler"] = "CosineAnnealingLR";
+  CHECK_THROWS_WITH_AS(train::check_resumable(scheduled, "b.safetensors", &step, strategy),
+                       Contains("written with a CosineAnnealingLR scheduler, but this loop has a StepLR"), Error);
+  CHECK_THROWS_WITH_AS(train::check_resumable(scheduled, "b.safetensors", nullptr, strategy),
+                       Contains("holds the state of a CosineAnnealingLR learning-rate scheduler, but this loop "
+                                "has none"),
+                       Error);
+}
+
+TEST_CASE("Module::as_sequential: the same layers for a Sequential and the models that have one; none otherwise") {
+  Generator gen(2);
+  auto seq = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(4, 3, true, TensorOptions(), &gen),
+                                              std::make_shared<nn::ReLU>());
+  auto again = seq->as_sequential();
+  REQUIRE(again != nullptr);
+  CHECK(again->size() == 2);
+  CHECK(&(*again)[0] == &(*seq)[0]);  // shared, not copied
+  CHECK(again->named_parameters().size() == seq->named_parameters().size());
+  CHECK(again->named_parameters()[0].first == "0.weight");
+  auto convnet = std::make_shared<nn::ConvNet>(10, &gen);
+  CHECK(convnet->as_sequential() != nullptr);
+  auto mlp = std::make_shared<nn::MLP>(4, std::vector<int64_t>{8}, 3, 0.0, &gen);
+  CHECK(mlp->as_sequential() == nullptr);
+  CHECK_THROWS_WITH_AS(train::pipeline_sequential(mlp), Contains("a MLP cannot be split into stages"), Error);
+}
+
+TEST_CASE("Optimizer::step_scope: the optimizers of nn/optim step their own parameters alone") {
+  Generator gen(4);
+  auto model = std::make_shared<nn::Linear>(2, 2, true, TensorOptions(), &gen);
+  optim::SGD sgd(model->parameters(), optim::SGDOptions{0.1});
+  CHECK(sgd.step_scope() == optim::StepScope::Local);
+}
