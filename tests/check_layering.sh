@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # docs/design.md's dependency order, checked on the sources and on the compiled objects:
 # core <- kernels <- nn, data <- parallel <- train <- apps, bench; inside parallel/,
-# store <- launch <- process_group <- mesh <- ddp <- pipeline, with optim beside ddp and local
-# (one process's devices) on its own.
+# store <- launch <- process_group <- mesh <- ddp <- pipeline, with optim beside ddp, and local
+# (one process's devices), which uses nothing else in parallel/ and which pipeline uses too.
 #
 #   tests/check_layering.sh [SOURCE_DIR [BUILD_DIR]]
 #

@@ -96,8 +96,8 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
     meta["rng." + g.device.str() + ".offset"] = std::to_string(g.offset);
   }
   for (const auto& [name, v] : checkpoint.optimizer.scalars) meta["optimizer." + name] = exact(v);
-  if (!checkpoint.scheduler.empty()) {
-    meta["scheduler"] = checkpoint.scheduler;
+  if (checkpoint.scheduler) {
+    meta["scheduler"] = *checkpoint.scheduler;
     for (const auto& [name, v] : checkpoint.scheduler_state) meta["scheduler." + name] = exact(v);
   }
   for (const auto& [name, v] : checkpoint.strategy_state) meta["strategy." + name] = exact(v);
@@ -139,29 +139,29 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.epoch_loss_sum = file.metadata.count("epoch_loss_sum") ? parse_double(file.metadata, "epoch_loss_sum", path) : 0.0;
   if (auto it = file.metadata.find("epoch_order"); it != file.metadata.end()) c.epoch_order = it->second;
   if (auto it = file.metadata.find("scheduler"); it != file.metadata.end()) c.scheduler = it->second;
-  c.metadata = std::move(file.metadata);
+  for (auto& [key, value] : file.metadata)
+    if (!is_checkpoint_metadata(key)) c.metadata.emplace(key, value);
   return c;
 }
 
 void check_resumable(const Checkpoint& checkpoint, const std::string& path, const optim::LRScheduler* scheduler,
                      const Strategy& strategy) {
-  const bool saved_scheduler = checkpoint.metadata.count("scheduler") > 0;
   if (scheduler) {
     const std::string& mine = scheduler->name();
-    WEFT_CHECK(saved_scheduler, "resume: checkpoint '", path, "' was written without a learning-rate scheduler, but "
-               "this loop has a ", mine, " (its schedule would restart at epoch ", checkpoint.epoch, "); resume "
-               "without a scheduler, or start a new run");
-    WEFT_CHECK(checkpoint.scheduler == mine, "resume: checkpoint '", path, "' was written with a ",
-               checkpoint.scheduler, " scheduler, but this loop has a ", mine);
+    WEFT_CHECK(checkpoint.scheduler.has_value(), "resume: checkpoint '", path, "' was written without a "
+               "learning-rate scheduler, but this loop has a ", mine, " (its schedule would restart at epoch ",
+               checkpoint.epoch, "); resume without a scheduler, or start a new run");
+    WEFT_CHECK(*checkpoint.scheduler == mine, "resume: checkpoint '", path, "' was written with a ",
+               *checkpoint.scheduler, " scheduler, but this loop has a ", mine);
     try {
       scheduler->check_state_dict(checkpoint.scheduler_state);
     } catch (const Error& e) {
       WEFT_FAIL("resume: checkpoint '", path, "': ", e.what());
     }
   } else {
-    WEFT_CHECK(!saved_scheduler && checkpoint.scheduler_state.empty(), "resume: checkpoint '", path,
-               "' holds the state of a ", checkpoint.scheduler, " learning-rate scheduler, but this loop has none "
-               "(TrainLoopOptions::scheduler): its learning rate would stay where the schedule left it");
+    WEFT_CHECK(!checkpoint.scheduler && checkpoint.scheduler_state.empty(), "resume: checkpoint '", path,
+               "' holds the state of a ", checkpoint.scheduler.value_or(""), " learning-rate scheduler, but this "
+               "loop has none (TrainLoopOptions::scheduler): its learning rate would stay where the schedule left it");
   }
   try {
     strategy.check_state_dict(checkpoint.strategy_state);

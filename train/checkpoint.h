@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,11 +43,11 @@ struct Checkpoint {
   std::string epoch_order;  // the sampler's global_order() that epoch_samples counts in; "" for none
   nn::NamedTensors model;
   optim::OptimizerState optimizer;
-  std::string scheduler;  // the scheduler's name; "" without one
+  std::optional<std::string> scheduler;  // the scheduler's name, where the loop had one
   std::map<std::string, double> scheduler_state, strategy_state;
   std::vector<GeneratorState> generators;  // every default generator's
-  // Written: the program's own entries (TrainLoopOptions::checkpoint_metadata). Read: the
-  // file's whole metadata.
+  // The program's own entries (TrainLoopOptions::checkpoint_metadata): every metadata entry
+  // that is not the loop's (is_checkpoint_metadata).
   std::map<std::string, std::string> metadata;
 };
 

@@ -64,7 +64,7 @@ std::shared_ptr<nn::Module> DistributedStrategy::prepare_replicas(std::shared_pt
   const std::shared_ptr<parallel::ProcessGroup>& replicas = mesh_->group("dp_replicate");
   model->to(device_);
   if (options_.sync_batch_norm) {
-    if (parallel::SyncBatchNorm::convertible_layers(*model) == 0 && rank() == 0)
+    if (parallel::SyncBatchNorm::batch_norm_layers(*model) == 0 && rank() == 0)
       std::cerr << "weft: sync_batch_norm: the " << model->type_name() << " model has no BatchNorm2d layer, so there "
                 << "are no statistics to synchronise" << std::endl;
     model = parallel::SyncBatchNorm::convert(std::move(model), replicas);

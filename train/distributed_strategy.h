@@ -53,8 +53,9 @@
 // of ranks, goes on as the uninterrupted run does, which consolidates at the same points. So
 // the run depends on checkpoint_every (one more average per checkpoint), not on whether the
 // checkpoints are written. The step count is saved as "strategy.local_sgd_step".
-// Note [Replicated pipelines in the TrainLoop]: with dp_replicate = R > 1 beside pp the job's ranks are R
-// replicas of a pipeline of world / R ranks (Megatron's PP x DP, in parallel::pipeline::
+//
+// Note [Replicated pipelines in the TrainLoop]: with dp_replicate = R > 1 beside pp, the job's
+// ranks are R replicas of a pipeline of world / R ranks (Megatron's PP x DP, in parallel::pipeline::
 // PipelineMesh's layout: rank r is position r / R of replica r % R). Each replica's ranks load
 // their replica's shard of the data (DistributedSampler and DistributedEvalSampler over the R
 // replicas, as ddp shards over its ranks: a batch is batch_size samples per replica) and run

@@ -26,6 +26,8 @@ const char* parallel_mode_name(ParallelMode mode) {
 }
 
 std::shared_ptr<nn::Module> Strategy::prepare(std::shared_ptr<nn::Module> model) {
+  WEFT_CHECK(runner_ == nullptr, "Strategy::prepare: this strategy has prepared a model already (a strategy runs one "
+             "model, for one TrainLoop: make another)");
   runner_ = prepare_model(std::move(model));
   return runner_;
 }

@@ -61,7 +61,8 @@ class Strategy {
   bool is_main_process() const { return rank() == 0; }
 
   // Called once, by the TrainLoop's constructor: checks, moves or wraps the model and
-  // returns the module the loop calls forward on, which the strategy keeps (runner()).
+  // returns the module the loop calls forward on, which the strategy keeps (runner()). A
+  // strategy serves one model: a second call is an error.
   std::shared_ptr<nn::Module> prepare(std::shared_ptr<nn::Module> model);
   // What prepare() returned (an error before it).
   nn::Module& runner() const;

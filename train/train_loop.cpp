@@ -302,11 +302,12 @@ void TrainLoop::resume(const std::string& path) {
   // A mid-epoch checkpoint's position counts samples of its run's order (Note [Mid-epoch
   // checkpoints]); in another order the rest of that epoch is not what that run had left.
   const std::string mine = train_loader_->sampler().global_order();
+  const int64_t next_epoch = int64_t{c.epoch} + 1;
   if (c.epoch_samples > 0 && !c.epoch_order.empty() && !mine.empty() && c.epoch_order != mine)
     log_stream(options_, *strategy_)
-        << "weft: resume: '" << path << "' stopped " << c.epoch_samples << " samples into epoch " << c.epoch + 1
+        << "weft: resume: '" << path << "' stopped " << c.epoch_samples << " samples into epoch " << next_epoch
         << ", which its run took in " << c.epoch_order << "; this loop takes it in " << mine << ", so the rest of "
-        << "epoch " << c.epoch + 1 << " is not the samples that run had left (some are trained twice, others not at "
+        << "epoch " << next_epoch << " is not the samples that run had left (some are trained twice, others not at "
         << "all). Later epochs are whole. (ddp and replicated pipelines take DistributedSampler's order; one device, "
         << "dp and one pipeline the loader's own.)" << std::endl;
 }

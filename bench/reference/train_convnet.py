@@ -39,7 +39,7 @@ def load(data_dir, split):
 
 
 class ConvNet(nn.Module):
-    """Seed 004's ConvNet, with the ReLUs weft's ConvNet has."""
+    """The ConvNet of nn/models/convnet.h, ReLUs included."""
 
     def __init__(self, num_classes=10):
         super().__init__()

@@ -126,10 +126,10 @@ std::shared_ptr<nn::Module> SyncBatchNorm::convert(std::shared_ptr<nn::Module> m
   return module;
 }
 
-size_t SyncBatchNorm::convertible_layers(const nn::Module& module) {
+size_t SyncBatchNorm::batch_norm_layers(const nn::Module& module) {
   size_t count = 0;
   for (const auto& [name, m] : module.named_modules())
-    if (dynamic_cast<const nn::BatchNorm2d*>(m) != nullptr && dynamic_cast<const SyncBatchNorm*>(m) == nullptr) ++count;
+    if (dynamic_cast<const nn::BatchNorm2d*>(m) != nullptr) ++count;
   return count;
 }
 

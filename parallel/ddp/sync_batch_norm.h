@@ -72,8 +72,9 @@ class SyncBatchNorm : public nn::BatchNorm2d {
   // is itself a BatchNorm2d.
   static std::shared_ptr<nn::Module> convert(std::shared_ptr<nn::Module> module,
                                              std::shared_ptr<ProcessGroup> group = nullptr);
-  // How many layers convert() would replace in `module`'s tree (0: nothing to synchronise).
-  static size_t convertible_layers(const nn::Module& module);
+  // How many BatchNorm2d layers `module`'s tree holds, SyncBatchNorms included (0: no
+  // statistics to synchronise).
+  static size_t batch_norm_layers(const nn::Module& module);
 
  protected:
   std::shared_ptr<nn::Module> shallow_copy() const override { return std::make_shared<SyncBatchNorm>(*this); }

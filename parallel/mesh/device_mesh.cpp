@@ -1,6 +1,8 @@
 // The grid of ranks and its groups; see device_mesh.h.
 #include "parallel/mesh/device_mesh.h"
 
+#include <cstdint>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -27,11 +29,16 @@ std::string names_of(const std::vector<MeshDimension>& dims) {
 
 std::vector<std::vector<int>> mesh_groups_along(const std::vector<int>& sizes, size_t dim) {
   WEFT_CHECK(dim < sizes.size(), "mesh_groups_along: dimension ", dim, " of a ", sizes.size(), "-dimensional mesh");
-  int world = 1;
-  for (int s : sizes) world *= s;
+  int64_t world = 1;
+  for (int s : sizes) {
+    WEFT_CHECK(s >= 1, "mesh_groups_along: a dimension of size ", s);
+    world *= s;
+    WEFT_CHECK(world <= std::numeric_limits<int>::max(), "mesh_groups_along: the sizes make more ranks than an int "
+               "counts");
+  }
   const std::vector<int> strides = strides_of(sizes);
   std::vector<std::vector<int>> groups;
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < static_cast<int>(world); ++r) {
     if ((r / strides[dim]) % sizes[dim] != 0) continue;  // each group starts at its coordinate 0
     std::vector<int> ranks;
     for (int k = 0; k < sizes[dim]; ++k) ranks.push_back(r + k * strides[dim]);
@@ -46,6 +53,7 @@ DeviceMesh::DeviceMesh(std::vector<MeshDimension> dimensions) : dims_(std::move(
   rank_ = get_rank();
   std::vector<int> sizes;
   int64_t product = 1;
+  bool exact = true;  // product is the sizes' whole product
   for (size_t d = 0; d < dims_.size(); ++d) {
     const MeshDimension& dim = dims_[d];
     WEFT_CHECK(!dim.name.empty(), "DeviceMesh: dimension ", d, " has no name");
@@ -53,9 +61,12 @@ DeviceMesh::DeviceMesh(std::vector<MeshDimension> dimensions) : dims_(std::move(
     for (size_t e = 0; e < d; ++e)
       WEFT_CHECK(dims_[e].name != dim.name, "DeviceMesh: dimension '", dim.name, "' is named twice");
     sizes.push_back(dim.size);
-    product *= dim.size;
+    // Multiplied while product <= world (two ints: no overflow); past the world it is wrong anyway.
+    if (product <= world_) product *= dim.size;
+    else exact = false;
   }
-  WEFT_CHECK(product == world_, "DeviceMesh: the sizes of ", str_of_sizes(), " make ", product, " ranks, but the job "
+  WEFT_CHECK(product == world_, "DeviceMesh: the sizes of ", str_of_sizes(), " make ",
+             exact ? std::to_string(product) : "more than " + std::to_string(product), " ranks, but the job "
              "has ", world_, world_ == 1 ? " rank" : " ranks", " (the product of the sizes must be the world size)");
   coords_ = coordinates_of(rank_);
   groups_.resize(dims_.size());

@@ -1,6 +1,8 @@
 // A plan's sizes checked and laid out; see parallel_plan.h.
 #include "parallel/mesh/parallel_plan.h"
 
+#include <cstdint>
+
 #include "core/error.h"
 #include "parallel/process_group/distributed.h"
 
@@ -24,13 +26,14 @@ ParallelPlan ParallelPlan::resolved(int world) const {
   WEFT_CHECK(dp_replicate != kNone, "ParallelPlan ", str(), ": dp_replicate is at least 1 (one replica)");
   WEFT_CHECK(!(pp == kRest && dp_replicate == kRest), "ParallelPlan ", str(), ": at most one size is the rest");
   ParallelPlan plan = *this;
-  const int fixed = (pp > 0 ? pp : 1) * (dp_replicate > 0 ? dp_replicate : 1);
+  // Two ints: the product fits 64 bits.
+  const int64_t fixed = int64_t{pp > 0 ? pp : 1} * int64_t{dp_replicate > 0 ? dp_replicate : 1};
   const bool open = pp == kRest || dp_replicate == kRest;
   WEFT_CHECK(open ? world % fixed == 0 : world == fixed, "ParallelPlan ", str(), " does not fit the job's ", world,
              world == 1 ? " rank" : " ranks", open ? ": the fixed sizes must divide it" : ": the sizes multiply to " +
              std::to_string(fixed));
-  if (plan.pp == kRest) plan.pp = world / fixed;
-  if (plan.dp_replicate == kRest) plan.dp_replicate = world / fixed;
+  if (plan.pp == kRest) plan.pp = static_cast<int>(world / fixed);
+  if (plan.dp_replicate == kRest) plan.dp_replicate = static_cast<int>(world / fixed);
   return plan;
 }
 

@@ -326,9 +326,10 @@ void DistributedPipeline::set_schedule(Schedule schedule) {
 // communicator runs can wait for that kernel, and the kernel for the peer, which may be
 // waiting for this communicator: in 1F1B over two ranks, rank 1 making its communicator for
 // gradients to rank 0 (inside NCCL's cuMemHostAlloc) waits behind a running send/receive
-// kernel while rank 0 issues its receive of those gradients. So the pairs are connected here, before any step (parallel::connect_peers): pair after pair in the same
-// order on every rank, the lower rank sending first, each message done before the next, so
-// that no communicator is made while a kernel of this rank runs.
+// kernel while rank 0 issues its receive of those gradients. So the pairs are connected here,
+// before any step (parallel::connect_peers): pair after pair in the same order on every rank,
+// the lower rank sending first, each message done before the next, so that no communicator is
+// made while a kernel of this rank runs.
 void DistributedPipeline::connect_peers(const Schedule& s) const {
   std::vector<std::pair<int, int>> pairs;
   for (int r = 0; r < s.num_ranks(); ++r)

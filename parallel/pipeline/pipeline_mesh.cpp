@@ -25,6 +25,11 @@ PipelineMesh pipeline_mesh(const DeviceMesh& mesh) {
     out.replicas = mesh.size("dp_replicate");
     out.replica = mesh.coordinate("dp_replicate");
     out.replicas_group = mesh.group("dp_replicate");
+    // Replicas of one-rank pipelines span the job. Their gradients' averages get a group of
+    // their own rather than the default group (the mesh's answer for such a dimension), so that
+    // on NCCL they run on their own communicator and stream, beside the job's collectives.
+    if (out.replicas_group == default_group_ptr())
+      out.replicas_group = new_group(mesh.group_ranks("dp_replicate"));
   }
   return out;
 }

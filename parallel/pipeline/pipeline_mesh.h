@@ -41,7 +41,8 @@ struct PipelineMesh {
 // divide is an error naming both.
 PipelineMesh pipeline_mesh(int replicas);
 // The pipelines and replicas of a mesh with a "pp" dimension and, optionally, "dp_replicate"
-// (others, such as a future "tp", are not part of a pipeline's groups).
+// (others, such as a future "tp", are not part of a pipeline's groups). A collective: where
+// the replicas span the whole job it makes their group, which is not the default group.
 PipelineMesh pipeline_mesh(const DeviceMesh& mesh);
 
 }  // namespace weft::parallel::pipeline

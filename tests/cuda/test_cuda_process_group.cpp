@@ -67,6 +67,12 @@ TEST_CASE("nccl: connect_peers makes the pairs' communicators one after another;
                                          std::chrono::seconds(240)));
 }
 
+TEST_CASE("nccl: a DeviceMesh over CUDA ranks: coordinates, a group per dimension, an all-reduce along each") {
+  if (skip_without_nccl()) return;
+  test::check_all_ok(test::run_processes({WEFT_PROCESS_GROUP_WORKER, "mesh"}, nccl_rank_envs(4),
+                                         std::chrono::seconds(240)));
+}
+
 TEST_CASE("nccl: a dead peer ends the other rank with a message, or makes its group throw") {
   if (skip_without_nccl()) return;
   // By default the watchdog aborts the communicators and ends the process.

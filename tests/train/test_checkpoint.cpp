@@ -1,12 +1,12 @@
 // train/checkpoint.h on its own: a checkpoint written and read back holds what was written,
-// every entry the loop writes is reserved, and a bad file is named with the entry at fault.
-// (Resuming a TrainLoop from its checkpoints, and what the resumed run computes, is
-// test_train_loop's.) Also the capabilities the strategies ask of models and optimizers
-// instead of their types: Module::as_sequential and Optimizer::step_scope.
+// under the keys of the format, every entry the loop writes is reserved, the older format is
+// still read, and a bad file is named with the entry at fault. (Resuming a TrainLoop from its
+// checkpoints, and what the resumed run computes, is test_train_loop's.)
 #include "test_util.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -80,7 +80,44 @@ TEST_CASE("write_checkpoint then read_checkpoint: every field comes back, double
   CHECK(back.generators[1].device == Device("cpu:1"));
   CHECK(back.generators[1].seed == 99);
   CHECK(back.generators[1].offset == 8);
-  CHECK(back.metadata.at("run.model") == "convnet");  // the program's own entries are read back
+  CHECK(back.metadata == c.metadata);  // the program's own entries, and only those
+  // The file itself, as other programs read it: the format's keys, doubles to 17 digits.
+  const SafetensorsFile file = load_safetensors(path);
+  const std::map<std::string, std::string> expected{{"format", "weft-checkpoint-2"},
+                                                    {"epoch", "2"},
+                                                    {"epoch_samples", "300"},
+                                                    {"epoch_batches", "3"},
+                                                    {"epoch_loss_sum", "0.30000000000000004"},
+                                                    {"epoch_order", "DistributedSampler(seed=0)"},
+                                                    {"rng.cpu:0.seed", "11"},
+                                                    {"rng.cpu:0.offset", "1234"},
+                                                    {"rng.cpu:1.seed", "99"},
+                                                    {"rng.cpu:1.offset", "8"},
+                                                    {"optimizer.lr", "0.33333333333333331"},
+                                                    {"scheduler", "StepLR"},
+                                                    {"scheduler.last_epoch", "2"},
+                                                    {"strategy.local_sgd_step", "7"},
+                                                    {"run.model", "convnet"}};
+  CHECK(file.metadata == expected);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : file.tensors) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"model.fc.bias", "model.fc.weight", "optimizer.0.momentum_buffer"});
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("format 1 (one generator, rng.seed and rng.offset, for cpu:0) is still read; without a scheduler") {
+  const std::string path = scratch("format1.safetensors");
+  save_safetensors(path, {{"model.w", ones({2})}},
+                   {{"format", "weft-checkpoint-1"}, {"epoch", "4"}, {"rng.seed", "5"}, {"rng.offset", "64"}});
+  const train::Checkpoint c = train::read_checkpoint(path);
+  CHECK(c.epoch == 4);
+  CHECK(c.epoch_samples == 0);  // written before mid-epoch checkpoints: an epoch's end
+  CHECK(!c.scheduler.has_value());
+  REQUIRE(c.generators.size() == 1);
+  CHECK(c.generators[0].device == Device("cpu:0"));
+  CHECK(c.generators[0].seed == 5);
+  CHECK(c.generators[0].offset == 64);
   std::filesystem::remove(path);
 }
 
@@ -116,35 +153,10 @@ TEST_CASE("check_resumable: a scheduler saved or missing, of another kind, is na
                        Contains("'a.safetensors' was written without a learning-rate scheduler"), Error);
   train::Checkpoint scheduled;
   scheduled.scheduler = "CosineAnnealingLR";
-  scheduled.metadata["scheduler"] = "CosineAnnealingLR";
   CHECK_THROWS_WITH_AS(train::check_resumable(scheduled, "b.safetensors", &step, strategy),
                        Contains("written with a CosineAnnealingLR scheduler, but this loop has a StepLR"), Error);
   CHECK_THROWS_WITH_AS(train::check_resumable(scheduled, "b.safetensors", nullptr, strategy),
                        Contains("holds the state of a CosineAnnealingLR learning-rate scheduler, but this loop "
                                 "has none"),
                        Error);
-}
-
-TEST_CASE("Module::as_sequential: the same layers for a Sequential and the models that have one; none otherwise") {
-  Generator gen(2);
-  auto seq = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(4, 3, true, TensorOptions(), &gen),
-                                              std::make_shared<nn::ReLU>());
-  auto again = seq->as_sequential();
-  REQUIRE(again != nullptr);
-  CHECK(again->size() == 2);
-  CHECK(&(*again)[0] == &(*seq)[0]);  // shared, not copied
-  CHECK(again->named_parameters().size() == seq->named_parameters().size());
-  CHECK(again->named_parameters()[0].first == "0.weight");
-  auto convnet = std::make_shared<nn::ConvNet>(10, &gen);
-  CHECK(convnet->as_sequential() != nullptr);
-  auto mlp = std::make_shared<nn::MLP>(4, std::vector<int64_t>{8}, 3, 0.0, &gen);
-  CHECK(mlp->as_sequential() == nullptr);
-  CHECK_THROWS_WITH_AS(train::pipeline_sequential(mlp), Contains("a MLP cannot be split into stages"), Error);
-}
-
-TEST_CASE("Optimizer::step_scope: the optimizers of nn/optim step their own parameters alone") {
-  Generator gen(4);
-  auto model = std::make_shared<nn::Linear>(2, 2, true, TensorOptions(), &gen);
-  optim::SGD sgd(model->parameters(), optim::SGDOptions{0.1});
-  CHECK(sgd.step_scope() == optim::StepScope::Local);
 }

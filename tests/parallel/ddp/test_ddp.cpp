@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "gloo_suite.h"
+#include "nn/linear.h"
+#include "nn/sequential.h"
 #include "parallel/ddp/comm_hook_registry.h"
 #include "parallel/ddp/distributed_data_parallel.h"
 #include "parallel/ddp/post_localsgd_hook.h"
@@ -230,7 +232,10 @@ TEST_CASE("a ddp TrainLoop with local SGD, resumed mid-epoch on another world si
   // the schedule, and the replicas (parameters and optimizer state) made one at the
   // checkpoints and epochs' ends, which is what lets the job resume on another world size.
   const std::vector<std::tuple<int, int, std::string>> cases = {{2, 3, "sgd"}, {3, 2, "adam"}};
-  for (const auto& [before, after, optimizer] : cases) {
+  for (const auto& c : cases) {
+    // Named values, not structured bindings: Clang 14 cannot capture those in CAPTURE's lambda.
+    const int before = std::get<0>(c), after = std::get<1>(c);
+    const std::string& optimizer = std::get<2>(c);
     CAPTURE(before);
     CAPTURE(after);
     const auto checkpoint = std::filesystem::temp_directory_path() /
@@ -353,6 +358,18 @@ TEST_CASE("the ddp strategy's local SGD: its option checks, its optimizers, its 
   CHECK_THROWS_WITH_AS(strategy.train_step(batch, criterion, wrapped),
                        Contains("the strategy averages the replicas itself; give the loop the optimizer the "
                                 "PostLocalSGDOptimizer(SGD) wraps"), Error);
+  CHECK(zero.step_scope() == optim::StepScope::ShardedAcrossRanks);
+  CHECK(wrapped.step_scope() == optim::StepScope::AveragesReplicas);
+  // A pipeline's ranks step their own stages: neither wrapper can step them.
+  DistributedStrategy piped(
+      DistributedStrategyOptions{.plan = {.pp = parallel::ParallelPlan::kRest, .dp_replicate = 1}});
+  auto seq = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(20, 10, true, TensorOptions(), &gen));
+  piped.prepare(seq);
+  CHECK(piped.mode() == train::ParallelMode::Pipeline);
+  for (optim::Optimizer* refused : std::vector<optim::Optimizer*>{&zero, &wrapped})
+    CHECK_THROWS_WITH_AS(piped.train_step(batch, criterion, *refused),
+                         Contains("works across the ranks of data parallelism; in a pipeline each rank steps its own "
+                                  "stages"), Error);
   // Without local SGD the strategy keeps nothing and ignores a local-SGD checkpoint's entry.
   DistributedStrategy plain;
   plain.prepare(std::make_shared<nn::MLP>(20, std::vector<int64_t>{8}, 10, 0.0, &gen));

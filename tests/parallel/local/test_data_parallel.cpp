@@ -278,6 +278,7 @@ TEST_CASE("TrainLoop trace_path: a Chrome trace with a row per device and DataPa
     CHECK_MESSAGE(text.find(expected) != std::string::npos, "the trace lacks ", expected);
   std::filesystem::remove(options.trace_path);
   options.trace_path = "/nonexistent-dir/x.json";
+  options.strategy = std::make_shared<train::DataParallelStrategy>(test::cpu_devices(2));  // one per loop
   train::TrainLoop unwritable(model, loader, nullptr, nullptr, sgd,
                               [](const Tensor& o, const Tensor& y) { return cross_entropy(o, y); }, options);
   CHECK_THROWS_WITH_AS(unwritable.fit(1), Contains("/nonexistent-dir/x.json"), Error);

@@ -514,7 +514,10 @@ int scenario_replica_unused(bool find_unused) {
   model->push_back(std::make_shared<Ignoring>());
   pipeline::DistributedPipeline pipe(model, mesh,
                                      {.device = device, .find_unused_parameters = find_unused, .micro_batches = 2});
-  const auto [x, y] = batch_of_step(0, 16, device);
+  // Named tensors, not structured bindings: Clang 14 cannot capture those in a lambda.
+  const std::pair<Tensor, Tensor> batch = batch_of_step(0, 16, device);
+  const Tensor& x = batch.first;
+  const Tensor& y = batch.second;
   auto step = [&] { pipe.step(x.narrow(0, 8 * mesh.replica, 8), y.narrow(0, 8 * mesh.replica, 8), cross_entropy_of); };
   if (!find_unused) {
     if (mesh.position == 1) return must_fail("stepped with a parameter without a gradient", step);

@@ -25,6 +25,7 @@
 
 #include "parallel/mesh/device_mesh.h"
 #include "parallel/mesh/parallel_plan.h"
+#include "parallel/pipeline/pipeline_mesh.h"
 #include "parallel/process_group/connect_peers.h"
 #include "parallel/process_group/distributed.h"
 #include "parallel/process_group/monitored_barrier.h"
@@ -463,7 +464,8 @@ int scenario_mesh() {
   }
   // The plan's mesh: DDP's alone spans the world; a pipeline of the rest beside 2 replicas.
   const DeviceMesh ddp = build_mesh(ParallelPlan{});
-  if (ddp.ndim() != 1 || ddp.group("dp_replicate") != default_group_ptr()) fail("the default plan's mesh: " + ddp.str());
+  if (ddp.ndim() != 1 || ddp.group("dp_replicate") != default_group_ptr())
+    fail("the default plan's mesh: " + ddp.str());
   const DeviceMesh piped = build_mesh(ParallelPlan{.pp = ParallelPlan::kRest, .dp_replicate = 2});
   if (piped.size("pp") != world / 2 || piped.coordinate("dp_replicate") != rank % 2)
     fail("the pipelined plan's mesh: " + piped.str());
@@ -471,8 +473,20 @@ int scenario_mesh() {
     DeviceMesh wrong({{"pp", world + 1}});
     fail("a mesh of " + std::to_string(world + 1) + " ranks over " + std::to_string(world) + " was made");
   } catch (const Error& e) {
-    std::cout << "error: " << e.what() << std::endl;
+    const std::string expected = "make " + std::to_string(world + 1) + " ranks, but the job has " +
+                                 std::to_string(world) + " ranks";
+    if (std::string(e.what()).find(expected) == std::string::npos)
+      fail("a mesh of the wrong size failed otherwise: " + std::string(e.what()));
   }
+  // Replicas of one-rank pipelines span the job, but average over a group of their own; one
+  // pipeline over the job is the default group.
+  const pipeline::PipelineMesh replicas_only = pipeline::pipeline_mesh(world);
+  if (replicas_only.replicas_group == nullptr || replicas_only.replicas_group == default_group_ptr() ||
+      replicas_only.replicas_group->size() != world || replicas_only.pipeline->size() != 1)
+    fail("pipeline_mesh(world): the replicas' group must be a group of the whole job other than the default one");
+  const pipeline::PipelineMesh one_pipeline = pipeline::pipeline_mesh(1);
+  if (one_pipeline.pipeline != default_group_ptr() || one_pipeline.replicas_group != nullptr)
+    fail("pipeline_mesh(1): one pipeline over the job is the default group, with no replicas' group");
   destroy_process_group();
   return failures == 0 ? 0 : 1;
 }
