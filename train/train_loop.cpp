@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <chrono>
-#include <cstdio>
 #include <iomanip>
 #include <iostream>
 #include <map>

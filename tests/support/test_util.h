@@ -1,10 +1,12 @@
 // Helpers shared by the test suites: fresh random inputs, non-contiguous variants,
-// closeness with a stated tolerance, and a gradcheck assertion.
+// closeness with a stated tolerance, a gradcheck assertion, and scratch file paths.
 #pragma once
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 #include <string>
 
@@ -82,6 +84,12 @@ inline std::vector<Device> cpu_devices(int n) {
   std::vector<Device> out;
   for (int i = 0; i < n; ++i) out.emplace_back(DeviceType::CPU, i);
   return out;
+}
+
+// A path in the temporary directory, "<prefix><pid><name>": a suite's files, apart from those of
+// the same suite running in another process.
+inline std::string scratch_path(const std::string& prefix, const std::string& name) {
+  return (std::filesystem::temp_directory_path() / (prefix + std::to_string(::getpid()) + name)).string();
 }
 
 }  // namespace weft::test

@@ -96,9 +96,7 @@ Run make_run(uint64_t init_seed, bool adam, const std::string& checkpoint, std::
   return r;
 }
 
-std::string scratch(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("weft_test_loop_" + std::to_string(::getpid()) + name)).string();
-}
+std::string scratch(const std::string& name) { return test::scratch_path("weft_test_loop_", name); }
 
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

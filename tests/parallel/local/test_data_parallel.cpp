@@ -65,9 +65,7 @@ struct FailsOn : nn::Cloneable<FailsOn> {
   }
 };
 
-std::string scratch(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("weft_test_dp_" + std::to_string(::getpid()) + name)).string();
-}
+std::string scratch(const std::string& name) { return test::scratch_path("weft_test_dp_", name); }
 
 }  // namespace
 
