@@ -1,12 +1,19 @@
-// weft-train: the main job. Trains a model on Fashion-MNIST (or synthetic data) with
-// the TrainLoop, on the GPU when there is one, else on the CPU.
+// weft-train: the main job. Trains a model on Fashion-MNIST (or synthetic data), or a GPT on
+// text, with the TrainLoop, on the GPU when there is one, else on the CPU.
 //
 //   weft-train --model convnet --optimizer sgd --lr 0.01 --momentum 0.9 --batch-size 100 \
 //              --epochs 3 --device cpu --seed 0
+//   weft-train --model gpt --n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --data text
 //
-// --metrics-json writes test_accuracy, final_loss, images_per_second, epochs,
-// world_size, mode and device at the end; bench/reference/train_convnet.py writes the
-// same for PyTorch.
+// A GPT trains on bytes (data/text_dataset.h: the fortunes corpus by default) with nanoGPT's
+// recipe unless flags say otherwise: AdamW with weight decay 0.1 on matrices and embeddings
+// only (optim::weight_decay_groups), lr 1e-3 warmed up over --warmup-steps then cosine-decayed
+// to a tenth over the run's steps, and ends by printing a sample of --sample-tokens bytes.
+//
+// --metrics-json writes model, test_accuracy, final_loss, images_per_second, epochs,
+// world_size, mode and device at the end (a GPT: val_loss, val_accuracy, unigram_loss,
+// tokens_per_second and parameters too); bench/reference/train_convnet.py writes the same for
+// PyTorch.
 //
 // As a worker of an elastic job (WEFT_ELASTIC=1, set by weft-run's agent) it resumes from its
 // --checkpoint when that exists, so that every restart goes on where the job was
@@ -18,6 +25,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <iomanip>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -33,11 +41,14 @@
 #include "data/dataloader.h"
 #include "data/dataset.h"
 #include "nn/loss.h"
+#include "data/text_dataset.h"
 #include "nn/models/convnet.h"
+#include "nn/models/gpt.h"
 #include "nn/models/mlp.h"
 #include "nn/models/resnet.h"
 #include "nn/optim/adam.h"
 #include "nn/optim/lr_scheduler.h"
+#include "nn/optim/param_group.h"
 #include "nn/optim/sgd.h"
 #include "nn/safetensors.h"
 #include "parallel/local/data_parallel.h"
@@ -72,7 +83,20 @@ struct Config {
   std::optional<double> weight_decay;  // unset: the optimizer's own default (AdamW: 1e-2)
   uint64_t seed = 0;
   bool no_progress = false, sync_bn = false, zero = false;
+  // --model gpt (nn/models/gpt.h); tie_embeddings unset: tied, except in pipelines, whose
+  // stages cannot share the embedding with the head.
+  int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 64, warmup_steps = 100;
+  int64_t lr_decay_steps = 0;  // warmup-cosine's length; 0: the run's steps
+  double dropout = 0;
+  std::optional<bool> tie_embeddings;
+  int64_t sample_tokens = 200, top_k = 40;  // top_k 0: sample from every token
+  double temperature = 0.8;
   std::set<std::string> given;  // the flags on the command line, without their "--"
+  std::set<std::string> recorded;  // the run flags a resumed run took from its checkpoint
+  // Whether `flag` was chosen, on the command line or by the run being resumed.
+  bool chosen(const std::string& flag) const { return given.count(flag) || recorded.count(flag); }
+  bool is_gpt() const { return model == "gpt"; }
+  bool ties_embeddings() const { return tie_embeddings.value_or(mode != "pipeline"); }
 };
 
 // Data-loader threads beyond this only contend for the cores (and thousands fail to start).
@@ -80,6 +104,7 @@ constexpr int kMaxWorkers = 64;
 
 double weight_decay_of(const Config& c) {
   if (c.weight_decay) return *c.weight_decay;
+  if (c.is_gpt()) return 0.1;  // nanoGPT's, on the groups that decay
   if (c.optimizer == "adam") return optim::AdamOptions{}.weight_decay;
   if (c.optimizer == "adamw") return optim::AdamWOptions{}.weight_decay;
   return optim::SGDOptions{}.weight_decay;
@@ -103,6 +128,7 @@ struct RunFlag {
   const char* name;
   std::function<std::string(const Config&)> get;
   std::function<void(Config&, const std::string&)> set;
+  bool gpt_only = false;  // recorded for --model gpt only
 };
 
 // In this order: weight decay's default depends on the optimizer, settled before it.
@@ -126,13 +152,27 @@ const std::vector<RunFlag>& run_flags() {
        [](Config& c, const std::string& v) { c.local_sgd = std::stoll(v); }},
       {"local-sgd-warmup", [](const Config& c) { return std::to_string(c.local_sgd_warmup); },
        [](Config& c, const std::string& v) { c.local_sgd_warmup = std::stoll(v); }},
+      // The GPT's shape: a checkpoint loads only into the model it was saved from.
+      {"n-layer", [](const Config& c) { return std::to_string(c.n_layer); },
+       [](Config& c, const std::string& v) { c.n_layer = std::stoll(v); }, true},
+      {"n-head", [](const Config& c) { return std::to_string(c.n_head); },
+       [](Config& c, const std::string& v) { c.n_head = std::stoll(v); }, true},
+      {"n-embd", [](const Config& c) { return std::to_string(c.n_embd); },
+       [](Config& c, const std::string& v) { c.n_embd = std::stoll(v); }, true},
+      {"block-size", [](const Config& c) { return std::to_string(c.block_size); },
+       [](Config& c, const std::string& v) { c.block_size = std::stoll(v); }, true},
+      {"dropout", [](const Config& c) { return exact(c.dropout); },
+       [](Config& c, const std::string& v) { c.dropout = parse_exact(v); }, true},
+      {"tie-embeddings", [](const Config& c) { return std::string(c.ties_embeddings() ? "true" : "false"); },
+       [](Config& c, const std::string& v) { c.tie_embeddings = v == "true"; }, true},
   };
   return flags;
 }
 
 std::map<std::string, std::string> run_record(const Config& c) {
   std::map<std::string, std::string> record;
-  for (const RunFlag& f : run_flags()) record["weft-train." + std::string(f.name)] = f.get(c);
+  for (const RunFlag& f : run_flags())
+    if (!f.gpt_only || c.is_gpt()) record["weft-train." + std::string(f.name)] = f.get(c);
   return record;
 }
 
@@ -152,6 +192,7 @@ void continue_recorded_run(Config& c, bool main_process) {
     const std::string mine = f.get(c);
     if (!c.given.count(f.name)) {
       f.set(c, it->second);
+      c.recorded.insert(f.name);
     } else {
       WEFT_CHECK(mine == it->second, "--", f.name, " ", mine, " differs from the run being resumed ('", c.resume,
                  "' has --", f.name, " ", it->second, "); leave --", f.name,
@@ -170,46 +211,111 @@ std::shared_ptr<data::Dataset> synthetic(int64_t n, uint64_t seed) {
   return std::make_shared<data::TensorDataset>(images, labels);
 }
 
-std::shared_ptr<nn::Module> make_model(const std::string& name) {
-  if (name == "convnet") return std::make_shared<nn::ConvNet>();
-  if (name == "mlp") return std::make_shared<nn::MLP>();
+// --model gpt's defaults where neither the command line nor the run being resumed chose:
+// nanoGPT's recipe (the header says which).
+void settle_model_defaults(Config& c) {
+  if (!c.is_gpt()) {
+    WEFT_CHECK(c.data.rfind("text", 0) != 0, "--data ", c.data, " is for --model gpt (", c.model,
+               " trains on images: fashion-mnist or synthetic)");
+    for (const char* flag : {"n-layer", "n-head", "n-embd", "block-size", "dropout", "tie-embeddings", "sample-tokens",
+                             "temperature", "top-k"})
+      WEFT_CHECK(!c.given.count(flag), "--", flag, " is for --model gpt (this run trains a ", c.model, ")");
+  } else {
+    if (!c.chosen("data")) c.data = "text";
+    WEFT_CHECK(c.data.rfind("text", 0) == 0, "--model gpt trains on text: --data text or text:PATH, got --data ",
+               c.data);
+    if (!c.chosen("optimizer")) c.optimizer = "adamw";
+    if (!c.given.count("lr")) c.lr = 1e-3;
+    if (!c.chosen("lr-schedule")) c.lr_schedule = "warmup-cosine";
+    // A pipeline puts the embedding and the head on different stages, which cannot share a weight.
+    if (c.mode == "pipeline" && c.ties_embeddings())
+      WEFT_FAIL(c.recorded.count("tie-embeddings")
+                    ? "'" + c.resume + "' is a GPT whose head is tied to its token embedding, which --mode pipeline "
+                          "cannot split (its first and last stages would share one weight): resume it with --mode "
+                          "single, dp or ddp, or start the pipeline's run afresh (a pipeline's GPT is untied)"
+                    : std::string("--tie-embeddings true: --mode pipeline cannot split a GPT whose head is tied to its "
+                                  "token embedding (its first and last stages would share one weight); leave it out "
+                                  "(a pipeline's GPT is untied)"));
+  }
+  for (const char* flag : {"warmup-steps", "lr-decay-steps"})
+    WEFT_CHECK(!c.given.count(flag) || c.lr_schedule == "warmup-cosine", "--", flag,
+               " is for --lr-schedule warmup-cosine (this run's is ", c.lr_schedule, ")");
+}
+
+// "text" reads the default corpus; "text:PATH" a file or a folder of text files.
+std::string text_path(const Config& c) {
+  return c.data.size() > 5 && c.data[4] == ':' ? c.data.substr(5) : std::string(data::kDefaultTextCorpus);
+}
+
+nn::GPTConfig gpt_config(const Config& c) {
+  return {.vocab_size = data::kTextVocabSize, .block_size = c.block_size, .n_layer = c.n_layer,
+          .n_head = c.n_head, .n_embd = c.n_embd, .dropout = c.dropout, .tie_embeddings = c.ties_embeddings()};
+}
+
+std::shared_ptr<nn::Module> make_model(const Config& c) {
+  if (c.model == "convnet") return std::make_shared<nn::ConvNet>();
+  if (c.model == "mlp") return std::make_shared<nn::MLP>();
+  if (c.is_gpt()) return std::make_shared<nn::GPT>(gpt_config(c));
   return std::make_shared<nn::ResNet>();
 }
 
-// --lr-schedule, stepped after each epoch: cosine anneals from --lr to 0 over --epochs (the
-// first run's: a resumed run's T_max comes from its checkpoint); step halves the rate after
-// every epoch (StepLR, step_size 1, gamma 0.5), which needs no length and suits short runs.
-std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optimizer& optimizer) {
+// --lr-schedule: cosine anneals from --lr to 0 over --epochs (the first run's: a resumed run's
+// T_max comes from its checkpoint); step halves the rate after every epoch (StepLR, step_size 1,
+// gamma 0.5), which needs no length and suits short runs; both step after each epoch.
+// warmup-cosine steps after each optimizer step: --warmup-steps of linear warm-up, then a
+// cosine decay to lr / 10 at step --lr-decay-steps (default: the run's last, steps_per_epoch x
+// --epochs). Like cosine's, a resumed run's schedule is its checkpoint's.
+std::shared_ptr<optim::LRScheduler> make_scheduler(const Config& c, optim::Optimizer& optimizer,
+                                                   int64_t steps_per_epoch, bool main_process) {
   if (c.lr_schedule == "cosine") return std::make_shared<optim::CosineAnnealingLR>(optimizer, c.epochs);
   if (c.lr_schedule == "step") return std::make_shared<optim::StepLR>(optimizer, 1, 0.5);
+  if (c.lr_schedule == "warmup-cosine") {
+    const int64_t total =
+        std::max<int64_t>(c.lr_decay_steps > 0 ? c.lr_decay_steps : steps_per_epoch * c.epochs, 1);
+    const int64_t warmup = std::min(c.warmup_steps, total - 1);  // the cosine needs a step at least
+    if (warmup < c.warmup_steps && main_process)
+      std::cout << "weft-train: --warmup-steps " << c.warmup_steps << " is not below the schedule's " << total
+                << " steps; warming up over " << warmup << " of them\n";
+    return std::make_shared<optim::WarmupCosineLR>(optimizer, warmup, total, c.lr / 10);
+  }
   return nullptr;
 }
 
-// --zero: the same optimizer over each rank's shard of the parameters, in the job's group.
-std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, const std::vector<Tensor>& params) {
+// The optimizer's parameter groups: a GPT's decay on matrices and embeddings only (nanoGPT's
+// split), every other model's all alike.
+std::vector<optim::ParamGroup> param_groups(const Config& c, const nn::Module& model) {
+  if (c.is_gpt()) return optim::weight_decay_groups(model, weight_decay_of(c));
+  return {optim::ParamGroup{model.parameters(), std::nullopt}};
+}
+
+// --zero: the same optimizer over each rank's shard of the parameters (with each parameter's
+// group), in the job's group.
+std::shared_ptr<optim::Optimizer> make_optimizer(const Config& c, const std::vector<optim::ParamGroup>& groups) {
   if (c.zero) {
     Config plain = c;
     plain.zero = false;
     return std::make_shared<parallel::ZeroRedundancyOptimizer>(
-        params, [plain](std::vector<Tensor> shard) { return make_optimizer(plain, shard); });
+        optim::params_of(groups), [plain, groups](std::vector<Tensor> shard) {
+          return make_optimizer(plain, optim::restrict_groups(groups, shard));
+        });
   }
   if (c.optimizer == "sgd") {
     optim::SGDOptions o;
     o.lr = c.lr;
     o.momentum = c.momentum;
     o.weight_decay = weight_decay_of(c);
-    return std::make_shared<optim::SGD>(params, o);
+    return std::make_shared<optim::SGD>(groups, o);
   }
   if (c.optimizer == "adam") {
     optim::AdamOptions o;
     o.lr = c.lr;
     o.weight_decay = weight_decay_of(c);
-    return std::make_shared<optim::Adam>(params, o);
+    return std::make_shared<optim::Adam>(groups, o);
   }
   optim::AdamWOptions o;
   o.lr = c.lr;
   o.weight_decay = weight_decay_of(c);
-  return std::make_shared<optim::AdamW>(params, o);
+  return std::make_shared<optim::AdamW>(groups, o);
 }
 
 // Whether this process is one rank of a job that trains across processes: ddp always; the
@@ -346,7 +452,8 @@ std::string device_list(const std::vector<Device>& devices) {
 }
 
 struct Metrics {
-  std::optional<double> test_accuracy, final_loss, images_per_second;
+  std::optional<double> test_accuracy, final_loss, images_per_second;  // images: samples
+  std::optional<double> val_loss, val_accuracy;                        // a GPT's
 };
 
 Metrics metrics_of(const std::vector<train::EpochResult>& results) {
@@ -355,20 +462,45 @@ Metrics metrics_of(const std::vector<train::EpochResult>& results) {
   for (const auto& r : results) images += r.images_per_second * r.seconds, seconds += r.seconds;
   const train::EpochResult& last = results.back();
   return {last.test ? std::optional(last.test->accuracy) : std::nullopt, last.train_loss,
-          seconds > 0 ? std::optional(images / seconds) : std::nullopt};
+          seconds > 0 ? std::optional(images / seconds) : std::nullopt,
+          last.val ? std::optional(last.val->loss) : std::nullopt,
+          last.val ? std::optional(last.val->accuracy) : std::nullopt};
 }
 
 void write_metrics(const Config& c, const Metrics& m, train::TrainLoop& loop, train::ParallelMode mode,
-                   const std::vector<Device>& devices) {
+                   const std::vector<Device>& devices, std::optional<double> unigram_loss) {
   std::ostringstream out;
-  out << "{\n  \"test_accuracy\": " << json_number(m.test_accuracy) << ",\n  \"final_loss\": "
-      << json_number(m.final_loss) << ",\n  \"images_per_second\": " << json_number(m.images_per_second)
+  out << "{\n  \"model\": \"" << c.model << "\",\n  \"test_accuracy\": " << json_number(m.test_accuracy)
+      << ",\n  \"final_loss\": " << json_number(m.final_loss) << ",\n  \"images_per_second\": "
+      << json_number(m.images_per_second);
+  if (c.is_gpt())
+    out << ",\n  \"val_loss\": " << json_number(m.val_loss) << ",\n  \"val_accuracy\": "
+        << json_number(m.val_accuracy) << ",\n  \"unigram_loss\": " << json_number(unigram_loss)
+        << ",\n  \"tokens_per_second\": "
+        << json_number(m.images_per_second ? std::optional(*m.images_per_second * static_cast<double>(c.block_size))
+                                           : std::nullopt)
+        << ",\n  \"parameters\": " << static_cast<const nn::GPT&>(loop.model()).num_parameters();
+  out
       << ",\n  \"epochs\": " << loop.epoch() << ",\n  \"world_size\": " << loop.strategy().world_size()
       << ",\n  \"mode\": \"" << train::parallel_mode_name(mode) << "\",\n  \"device\": \"" << device_list(devices)
       << "\",\n  \"framework\": \"weft\",\n  \"threads\": " << num_threads() << "\n}\n";
   AtomicFile file(c.metrics_json, "--metrics-json");
   file.write(out.str());
   file.commit();
+}
+
+// --sample-tokens bytes generated from a newline, with --temperature and --top-k, seeded by
+// --seed. On a copy of the model on `device`: a pipeline's stages are on several devices
+// (every rank's copy holds every stage's trained values after the run, train/strategy.h).
+void print_sample(const Config& c, const nn::Module& model, Device device) {
+  std::shared_ptr<nn::Module> copy = model.clone(device);
+  Generator gen(c.seed);
+  nn::GenerateOptions options{.max_new_tokens = c.sample_tokens, .temperature = c.temperature, .gen = &gen};
+  if (c.top_k > 0) options.top_k = c.top_k;
+  const Tensor tokens = nn::generate(*copy, c.block_size, data::encode("\n").view({1, 1}), options);
+  std::cout << "weft-train: a sample of " << c.sample_tokens << " bytes (temperature " << c.temperature
+            << (c.top_k > 0 ? ", top-k " + std::to_string(c.top_k) : "") << "):\n"
+            << data::decode(tokens.select(0, 0).narrow(0, 1, c.sample_tokens)) << "\n";
 }
 
 // " (1200 samples into epoch 3)" when the loop stands in the middle of an epoch, else "".
@@ -409,6 +541,7 @@ int run(Config c) {
     std::cout << "weft-train: elastic run: no checkpoint at " << c.checkpoint << " yet, starting from the beginning"
               << std::endl;  // flushed: an elastic worker may well be killed before its buffer is
   if (!c.resume.empty()) continue_recorded_run(c, main_process);
+  settle_model_defaults(c);
   // Started by weft-run's elastic agents: the workers end a round at a checkpoint when nodes
   // wait to join (train/elastic.h), and exit 0 so that the next round admits them. Said
   // before the data loads, so that a node arriving meanwhile waits for a checkpoint too.
@@ -430,7 +563,13 @@ int run(Config c) {
   const std::vector<Device> devices = pick_devices(c, mode);
 
   std::shared_ptr<data::Dataset> train_set, test_set;
-  if (c.data == "fashion-mnist") {
+  std::optional<data::TextCorpus> corpus;
+  if (c.is_gpt()) {
+    // The validation split stands in for the test set: a GPT's val loss is what its runs report.
+    corpus = data::TextCorpus::open(text_path(c));
+    train_set = std::make_shared<data::TextDataset>(corpus->split(data::Split::Train, c.block_size));
+    test_set = std::make_shared<data::TextDataset>(corpus->split(data::Split::Validation, c.block_size));
+  } else if (c.data == "fashion-mnist") {
     train_set = std::make_shared<data::FashionMNIST>(c.data_dir, /*train=*/true);
     test_set = std::make_shared<data::FashionMNIST>(c.data_dir, /*train=*/false);
   } else {
@@ -444,28 +583,36 @@ int run(Config c) {
   train_options.seed = c.seed;
   data::DataLoaderOptions test_options = train_options;
   test_options.shuffle = false;
-  test_options.batch_size = 1000;
+  test_options.batch_size = c.is_gpt() ? std::max<int64_t>(c.batch_size, 64) : 1000;
   auto train_loader = std::make_shared<data::DataLoader>(train_set, train_options);
   auto test_loader = std::make_shared<data::DataLoader>(test_set, test_options);
 
-  std::shared_ptr<nn::Module> model = make_model(c.model);
+  std::shared_ptr<nn::Module> model = make_model(c);
   // A pipeline across processes moves only this rank's stages to its device (the rest of its
   // copy of the model stays in host memory); every other mode starts on devices[0].
   if (!(mode == train::ParallelMode::Pipeline && across_processes(mode))) model->to(devices[0]);
   train::TrainLoopOptions options;
   // ddp: joins the job's group, which --zero shards over.
   options.strategy = make_strategy(c, mode, devices, *train_set);
-  auto optimizer = make_optimizer(c, model->parameters());
-  auto scheduler = make_scheduler(c, *optimizer);
-  nn::CrossEntropyLoss criterion;
+  auto optimizer = make_optimizer(c, param_groups(c, *model));
+  // The steps of an epoch are this rank's share's (ddp and replicated pipelines shard the data).
+  auto scheduler =
+      make_scheduler(c, *optimizer, options.strategy->shard(train_loader, true)->size(), main_process);
+  nn::CrossEntropyLoss cross_entropy;
+  nn::Criterion criterion = [cross_entropy](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+  if (c.is_gpt()) {
+    criterion = nn::next_token_loss;
+    options.throughput_unit = {"tokens", "tok", c.block_size};
+  }
   options.checkpoint_path = c.checkpoint;
   options.checkpoint_every = c.checkpoint_every;
   options.scheduler = scheduler;
+  if (c.lr_schedule == "warmup-cosine") options.scheduler_interval = train::SchedulerInterval::Step;
   options.checkpoint_metadata = run_record(c);
   options.progress = !c.no_progress;
   options.trace_path = c.trace;
-  train::TrainLoop loop(model, train_loader, nullptr, test_loader, optimizer,
-                        [criterion](const Tensor& out, const Tensor& y) { return criterion(out, y); }, options);
+  train::TrainLoop loop(model, train_loader, c.is_gpt() ? test_loader : nullptr,
+                        c.is_gpt() ? nullptr : test_loader, optimizer, criterion, options);
   if (!c.resume.empty()) {
     loop.resume(c.resume);
     if (main_process) {
@@ -475,12 +622,13 @@ int run(Config c) {
       else
         std::cout << "resumed from " << c.resume << " after epoch " << loop.epoch() << mid_epoch(loop) << std::endl;
     }
-    // With a schedule the rate is the schedule's at every epoch: a new --lr would last one
-    // epoch. Repeating the run's own --lr (an elastic restart repeats its command line) is fine.
+    // With a schedule the rate is the schedule's at every epoch (or step): a new --lr would last
+    // one of them. Repeating the run's own --lr (an elastic restart repeats its command line) is fine.
     if (scheduler && c.given.count("lr"))
       WEFT_CHECK(c.lr == scheduler->base_lr(), "--lr ", c.lr, " differs from the base learning rate ",
-                 scheduler->base_lr(), " of the run being resumed, whose --lr-schedule ", c.lr_schedule,
-                 " sets the rate at every epoch; leave --lr out, or start a new run without --resume");
+                 scheduler->base_lr(), " of the run being resumed, whose --lr-schedule ", c.lr_schedule, " sets the "
+                 "rate at every ", c.lr_schedule == "warmup-cosine" ? "step" : "epoch", "; leave --lr out, or start "
+                 "a new run without --resume");
     if (!scheduler && c.given.count("lr") && c.lr != optimizer->lr()) {
       if (main_process)
         std::cout << "weft-train: --lr " << c.lr << " replaces the checkpoint's learning rate " << optimizer->lr()
@@ -517,17 +665,30 @@ int run(Config c) {
             << (c.zero ? " (state sharded: --zero)" : "") << " lr " << c.lr
             << (scheduler ? " (" + c.lr_schedule + " schedule)" : "") << ", batch " << c.batch_size << ", "
             << num_threads() << " CPU threads\n";
+  if (main_process && c.is_gpt())
+    std::cout << "weft-train: GPT of " << c.n_layer << " blocks, " << c.n_head << " heads, width " << c.n_embd
+              << ", " << c.block_size << " bytes per sequence, "
+              << static_cast<const nn::GPT&>(*model).num_parameters() << " parameters, "
+              << (c.ties_embeddings() ? "head tied to the token embedding"
+                  : c.tie_embeddings ? "head untied"
+                                     : "head untied (a pipeline's first and last stages cannot share a weight)")
+              << "\n";
   if (admission) loop.add_callback(admission);
   Metrics metrics;
   if (c.epochs <= loop.epoch()) {
     // --epochs counts in total: a checkpoint that has them all has nothing left to train.
     // Its own weights are evaluated, so the run still reports what the checkpoint is worth.
-    const train::Evaluation test = loop.evaluate_test().value();
+    // A GPT's held-out split is the loop's validation set, the other models' its test set.
+    const train::Evaluation test = (c.is_gpt() ? loop.evaluate_val() : loop.evaluate_test()).value();
     if (main_process)
       std::cout << "weft-train: nothing to train: '" << c.resume << "' has completed " << loop.epoch()
                 << " epochs and --epochs " << c.epochs << " counts them in total (give --epochs "
-                << loop.epoch() + 1 << " or more to train on); its test accuracy is " << test.accuracy << "\n";
-    metrics.test_accuracy = test.accuracy;
+                << loop.epoch() + 1 << " or more to train on); its "
+                << (c.is_gpt() ? "validation loss is " + std::to_string(test.loss)
+                               : "test accuracy is " + std::to_string(test.accuracy))
+                << "\n";
+    if (c.is_gpt()) metrics.val_loss = test.loss;
+    else metrics.test_accuracy = test.accuracy;
   } else {
     metrics = metrics_of(loop.fit(c.epochs));
     if (admission && admission->admitting()) {
@@ -537,7 +698,16 @@ int run(Config c) {
       return 0;
     }
   }
-  if (!c.metrics_json.empty() && main_process) write_metrics(c, metrics, loop, mode, devices);
+  std::optional<double> unigram_loss;
+  if (c.is_gpt()) {
+    std::cout << std::defaultfloat << std::setprecision(4);  // the loop's lines leave fixed, 0 digits
+    unigram_loss = corpus->unigram_entropy(data::Split::Train);
+    if (main_process && metrics.val_loss)
+      std::cout << "weft-train: validation loss " << *metrics.val_loss << " nats per byte (the unigram baseline, "
+                << "bytes drawn by their frequency alone: " << *unigram_loss << ")\n";
+    if (main_process && c.sample_tokens > 0) print_sample(c, *model, devices[0]);
+  }
+  if (!c.metrics_json.empty() && main_process) write_metrics(c, metrics, loop, mode, devices, unigram_loss);
   return 0;
 }
 
@@ -545,9 +715,39 @@ int run(Config c) {
 
 int main(int argc, char** argv) {
   Config c;
-  CLI::App app{"weft-train: train a model on Fashion-MNIST with weft"};
-  app.add_option("--model", c.model, "convnet, mlp or resnet")->check(CLI::IsMember({"convnet", "mlp", "resnet"}));
-  app.add_option("--data", c.data, "fashion-mnist or synthetic")->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
+  CLI::App app{"weft-train: train a model on Fashion-MNIST, or a GPT on text, with weft"};
+  app.add_option("--model", c.model, "convnet, mlp, resnet or gpt")
+      ->check(CLI::IsMember({"convnet", "mlp", "resnet", "gpt"}));
+  app.add_option("--data", c.data,
+                 "fashion-mnist or synthetic; for --model gpt text (the fortunes corpus, " +
+                     std::string(data::kDefaultTextCorpus) + ") or text:PATH (a text file, or a folder of them)")
+      ->check([](const std::string& v) {
+        return v == "fashion-mnist" || v == "synthetic" || v == "text" || (v.rfind("text:", 0) == 0 && v.size() > 5)
+                   ? std::string()
+                   : "expected fashion-mnist, synthetic, text or text:PATH, got '" + v + "'";
+      });
+  app.add_option("--n-layer", c.n_layer, "--model gpt: transformer blocks (4)")->check(flags::positive_integer());
+  app.add_option("--n-head", c.n_head, "--model gpt: attention heads, dividing --n-embd (4)")
+      ->check(flags::positive_integer());
+  app.add_option("--n-embd", c.n_embd, "--model gpt: width (128)")->check(flags::positive_integer());
+  app.add_option("--block-size", c.block_size, "--model gpt: tokens (bytes) per sequence (64)")
+      ->check(flags::positive_integer());
+  app.add_option("--dropout", c.dropout, "--model gpt: dropout on embeddings, attention and residual branches (0)")
+      ->check(flags::number(0, std::nextafter(1.0, 0.0), false, "a number from 0 up to (not including) 1"));
+  app.add_option("--tie-embeddings", c.tie_embeddings,
+                 "--model gpt: true or false, the output projection is the token embedding (default: true, except "
+                 "with --mode pipeline, whose first and last stages cannot share it)");
+  app.add_option("--warmup-steps", c.warmup_steps, "--lr-schedule warmup-cosine: steps of linear warm-up (100)")
+      ->check(flags::non_negative_integer());
+  app.add_option("--lr-decay-steps", c.lr_decay_steps,
+                 "--lr-schedule warmup-cosine: the step where the rate reaches lr/10 (default: the run's last)")
+      ->check(flags::positive_integer());
+  app.add_option("--sample-tokens", c.sample_tokens, "--model gpt: bytes to generate after training (200; 0: none)")
+      ->check(flags::non_negative_integer());
+  app.add_option("--temperature", c.temperature, "--model gpt: sampling temperature (0.8)")
+      ->check(flags::positive_number());
+  app.add_option("--top-k", c.top_k, "--model gpt: sample among the k most likely bytes (40; 0: all)")
+      ->check(flags::non_negative_integer());
   app.add_option("--data-dir", c.data_dir, "where the Fashion-MNIST IDX files are");
   app.add_option("--device", c.device, "cpu, cpu:N, cuda or cuda:N (default: cuda when available, else cpu)")
       ->check(flags::non_empty("a device such as cpu or cuda:0"));
@@ -605,18 +805,24 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", c.batch_size,
                  "samples per batch (per rank in ddp, as PyTorch's per-process loader; per replica with --replicas)")
       ->check(flags::integer<int64_t>(1, std::numeric_limits<int64_t>::max(), "a positive integer"));
-  app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
-  app.add_option("--lr", c.lr, "learning rate (resuming: replaces the checkpoint's)")->check(flags::positive_number());
+  app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw (default: sgd; adamw for --model gpt)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  app.add_option("--lr", c.lr,
+                 "learning rate (default 0.01; 1e-3 for --model gpt; resuming: replaces the checkpoint's)")
+      ->check(flags::positive_number());
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(flags::number(0, 1, false, "a number from 0 to 1"));
-  app.add_option("--weight-decay", c.weight_decay, "weight decay (default: 0 for sgd and adam, 1e-2 for adamw)")
+  app.add_option("--weight-decay", c.weight_decay,
+                 "weight decay (default: 0 for sgd and adam, 1e-2 for adamw; --model gpt: 0.1, on matrices and "
+                 "embeddings only)")
       ->check(flags::non_negative_number());
   app.add_option("--seed", c.seed, "seed of the weights, the shuffling and dropout")->check(flags::unsigned_64());
   app.add_option("--workers", c.workers, "data-loader worker threads (at most " + std::to_string(kMaxWorkers) + ")")
       ->check(flags::integer(0, kMaxWorkers, "an integer from 0 to " + std::to_string(kMaxWorkers)));
   app.add_option("--lr-schedule", c.lr_schedule,
-                 "constant (default), cosine (to 0 over --epochs) or step (halved after every epoch); resuming: the "
-                 "checkpoint's")
-      ->check(CLI::IsMember({"constant", "cosine", "step"}));
+                 "constant (default), cosine (to 0 over --epochs), step (halved after every epoch) or warmup-cosine "
+                 "(--warmup-steps of warm-up, then cosine to lr/10 at the last step; --model gpt's default); "
+                 "resuming: the checkpoint's")
+      ->check(CLI::IsMember({"constant", "cosine", "step", "warmup-cosine"}));
   app.add_option("--checkpoint", c.checkpoint,
                  "save a checkpoint here after every epoch; with WEFT_ELASTIC=1, also resume from it when it exists");
   app.add_option("--checkpoint-every", c.checkpoint_every,

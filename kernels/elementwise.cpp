@@ -291,10 +291,14 @@ Tensor tanh(const Tensor& x) {
   return out;
 }
 
-Tensor gelu(const Tensor& x) {
-  Tensor out = unary_forward(UnaryOp::Gelu, "gelu", x, true);
+Tensor gelu(const Tensor& x, GeluApproximate approximate) {
+  const bool tanh_form = approximate == GeluApproximate::Tanh;
+  Tensor out = unary_forward(tanh_form ? UnaryOp::GeluTanh : UnaryOp::Gelu, "gelu", x, true);
   if (any_requires_grad(x))
-    record_unary("GeluBackward", out, x, [sx = SavedTensor(x)](const Tensor& g) { return gelu_backward(g, sx.unpack()); });
+    record_unary(tanh_form ? "GeluTanhBackward" : "GeluBackward", out, x,
+                 [sx = SavedTensor(x), approximate](const Tensor& g) {
+                   return gelu_backward(g, sx.unpack(), approximate);
+                 });
   return out;
 }
 
@@ -328,8 +332,9 @@ Tensor sigmoid_backward(const Tensor& grad, const Tensor& output) {
 Tensor tanh_backward(const Tensor& grad, const Tensor& output) {
   return binary_forward(BinaryOp::TanhBackward, "tanh_backward", grad, output);
 }
-Tensor gelu_backward(const Tensor& grad, const Tensor& input) {
-  return binary_forward(BinaryOp::GeluBackward, "gelu_backward", grad, input);
+Tensor gelu_backward(const Tensor& grad, const Tensor& input, GeluApproximate approximate) {
+  return binary_forward(approximate == GeluApproximate::Tanh ? BinaryOp::GeluTanhBackward : BinaryOp::GeluBackward,
+                        "gelu_backward", grad, input);
 }
 
 // --- where and comparisons ------------------------------------------------------------

@@ -35,7 +35,11 @@ Tensor sign(const Tensor& x);  // not differentiable (zero gradient almost every
 Tensor relu(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
-Tensor gelu(const Tensor& x);  // exact (erf) form, PyTorch's default
+// GELU, as torch.nn.functional.gelu: None is the exact form x * Phi(x) (Phi the normal CDF,
+// through erf), PyTorch's default; Tanh is its approximate='tanh',
+// 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), which GPT-2 was trained with.
+enum class GeluApproximate { None, Tanh };
+Tensor gelu(const Tensor& x, GeluApproximate approximate = GeluApproximate::None);
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
 
 // cond ? a : b, all three broadcast together.
@@ -82,7 +86,8 @@ const Tensor& zero_(const Tensor& self);
 Tensor relu_backward(const Tensor& grad, const Tensor& output);
 Tensor sigmoid_backward(const Tensor& grad, const Tensor& output);
 Tensor tanh_backward(const Tensor& grad, const Tensor& output);
-Tensor gelu_backward(const Tensor& grad, const Tensor& input);
+// grad * d/dx gelu(x) of the form `approximate` (the exact derivative of that form).
+Tensor gelu_backward(const Tensor& grad, const Tensor& input, GeluApproximate approximate = GeluApproximate::None);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

@@ -17,10 +17,12 @@ enum class BinaryOp {
   SigmoidBackward,  // saved = sigmoid output: g * y * (1 - y)
   TanhBackward,     // saved = tanh output: g * (1 - y^2)
   GeluBackward,     // saved = input x: g * d/dx gelu(x)
+  GeluTanhBackward, // saved = input x: g * d/dx gelu_tanh(x)
 };
 
 enum class UnaryOp {
   Neg, Exp, Log, Sqrt, Abs, Sign, Relu, Sigmoid, Tanh, Gelu,
+  GeluTanh,   // 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
   Affine,     // p0 * x + p1
   PowScalar,  // x ^ p0
   Clamp,      // min(max(x, p0), p1)

@@ -11,7 +11,11 @@ namespace weft::nn {
 
 Tensor ReLU::forward(const Tensor& input) { return relu(input); }
 
-Tensor GELU::forward(const Tensor& input) { return gelu(input); }
+Tensor GELU::forward(const Tensor& input) { return gelu(input, approximate_); }
+
+std::string GELU::extra_repr() const {
+  return approximate_ == GeluApproximate::Tanh ? "approximate='tanh'" : "approximate='none'";
+}
 
 Dropout::Dropout(double p, Generator* gen) : Cloneable("Dropout"), p_(p), gen_(gen) {
   WEFT_CHECK(p >= 0.0 && p <= 1.0, "Dropout: probability p must be in [0, 1], got ", p);

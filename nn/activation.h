@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/generator.h"
+#include "kernels/elementwise.h"
 #include "nn/module.h"
 
 namespace weft::nn {
@@ -16,12 +17,18 @@ class ReLU : public Cloneable<ReLU> {
   Tensor forward(const Tensor& input) override;
 };
 
-// The exact (erf) form, PyTorch's default approximate='none'; weft has no tanh form.
+// torch.nn.GELU: the exact (erf) form by default, PyTorch's approximate='none'; the tanh
+// form with GeluApproximate::Tanh (kernels/elementwise.h).
 class GELU : public Cloneable<GELU> {
  public:
-  GELU() : Cloneable("GELU") {}
+  explicit GELU(GeluApproximate approximate = GeluApproximate::None) : Cloneable("GELU"), approximate_(approximate) {}
   Tensor forward(const Tensor& input) override;
-  std::string extra_repr() const override { return "approximate='none'"; }
+  std::string extra_repr() const override;
+
+  GeluApproximate approximate() const { return approximate_; }
+
+ private:
+  GeluApproximate approximate_;
 };
 
 // Zeroes elements with probability p and scales the rest by 1 / (1 - p) in training; the

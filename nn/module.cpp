@@ -69,15 +69,18 @@ void Module::replace_child(std::string_view name, std::shared_ptr<Module> module
   it->second = std::move(module);
 }
 
-void Module::collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out) const {
-  for (const auto& [name, t] : params ? params_ : buffers_) out.emplace_back(prefix + name, t);
+void Module::collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out,
+                     std::unordered_set<const TensorImpl*>& seen) const {
+  for (const auto& [name, t] : params ? params_ : buffers_)
+    if (seen.insert(t.impl()).second) out.emplace_back(prefix + name, t);
   if (!recurse) return;
-  for (const auto& [name, c] : children_) c->collect(prefix + name + ".", true, params, out);
+  for (const auto& [name, c] : children_) c->collect(prefix + name + ".", true, params, out, seen);
 }
 
 NamedTensors Module::named_parameters(bool recurse) const {
   NamedTensors out;
-  collect("", recurse, true, out);
+  std::unordered_set<const TensorImpl*> seen;
+  collect("", recurse, true, out, seen);
   return out;
 }
 
@@ -89,7 +92,8 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
 
 NamedTensors Module::named_buffers(bool recurse) const {
   NamedTensors out;
-  collect("", recurse, false, out);
+  std::unordered_set<const TensorImpl*> seen;
+  collect("", recurse, false, out, seen);
   return out;
 }
 
@@ -113,6 +117,7 @@ void Module::train(bool on) {
 
 void Module::to(Device device) {
   NoGradGuard no_grad;
+  // Parameters change in place: a tied one moves where it is first met and then needs nothing.
   for (auto& [name, p] : params_)
     if (p.device() != device) p.set_data(p.to(device));  // in place: nothing to do, .grad stays
   for (auto& [name, b] : buffers_) b = b.to(device);
@@ -186,17 +191,31 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
 }
 
 std::shared_ptr<Module> Module::clone(std::optional<Device> device) const {
+  std::unordered_map<const TensorImpl*, Tensor> copies;
+  return clone_into(device, copies);
+}
+
+// `copies` maps each original tensor to its copy, so that a tied tensor is copied once.
+std::shared_ptr<Module> Module::clone_into(std::optional<Device> device,
+                                           std::unordered_map<const TensorImpl*, Tensor>& copies) const {
   std::shared_ptr<Module> copy = shallow_copy();
   NoGradGuard no_grad;
   // A fresh copy, on `device` if one was given, else where the original lives.
   auto fresh = [&](const Tensor& t) { return device && *device != t.device() ? t.to(*device) : t.clone(); };
   for (auto& [name, p] : copy->params_) {
-    bool requires_grad = p.requires_grad();
-    p = fresh(p.detach());
-    if (requires_grad) p.requires_grad_(true);
+    auto [it, is_new] = copies.try_emplace(p.impl());
+    if (is_new) {
+      it->second = fresh(p.detach());
+      if (p.requires_grad()) it->second.requires_grad_(true);
+    }
+    p = it->second;
   }
-  for (auto& [name, b] : copy->buffers_) b = fresh(b);
-  for (auto& [name, c] : copy->children_) c = c->clone(device);
+  for (auto& [name, b] : copy->buffers_) {
+    auto [it, is_new] = copies.try_emplace(b.impl());
+    if (is_new) it->second = fresh(b);
+    b = it->second;
+  }
+  for (auto& [name, c] : copy->children_) c = c->clone_into(device, copies);
   return copy;
 }
 
@@ -226,19 +245,21 @@ void check_replica_tensors(const std::string& type_name, const char* what, const
 }  // namespace
 
 std::shared_ptr<Module> Module::replica(std::span<const Tensor> parameters, std::span<const Tensor> buffers) const {
-  check_replica_tensors(type_name_, "parameter", named_parameters(), parameters);
-  check_replica_tensors(type_name_, "buffer", named_buffers(), buffers);
-  size_t next_param = 0, next_buffer = 0;
-  return replica_from(parameters, buffers, next_param, next_buffer);
+  const NamedTensors own_params = named_parameters(), own_buffers = named_buffers();
+  check_replica_tensors(type_name_, "parameter", own_params, parameters);
+  check_replica_tensors(type_name_, "buffer", own_buffers, buffers);
+  std::unordered_map<const TensorImpl*, Tensor> given;
+  for (size_t i = 0; i < own_params.size(); ++i) given.emplace(own_params[i].second.impl(), parameters[i]);
+  for (size_t i = 0; i < own_buffers.size(); ++i) given.emplace(own_buffers[i].second.impl(), buffers[i]);
+  return replica_from(given);
 }
 
-std::shared_ptr<Module> Module::replica_from(std::span<const Tensor> parameters, std::span<const Tensor> buffers,
-                                             size_t& next_param, size_t& next_buffer) const {
+std::shared_ptr<Module> Module::replica_from(const std::unordered_map<const TensorImpl*, Tensor>& given) const {
   // The copy constructor behind shallow_copy() keeps the configuration and training_.
   std::shared_ptr<Module> copy = shallow_copy();
-  for (auto& [name, p] : copy->params_) p = parameters[next_param++];
-  for (auto& [name, b] : copy->buffers_) b = buffers[next_buffer++];
-  for (auto& [name, c] : copy->children_) c = c->replica_from(parameters, buffers, next_param, next_buffer);
+  for (auto& [name, p] : copy->params_) p = given.at(p.impl());
+  for (auto& [name, b] : copy->buffers_) b = given.at(b.impl());
+  for (auto& [name, c] : copy->children_) c = c->replica_from(given);
   return copy;
 }
 

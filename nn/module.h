@@ -10,6 +10,16 @@
 // state_dict() sees everything. Derived classes therefore must not keep Tensor or child
 // handles of their own.
 //
+// Note [Tied parameters]: one parameter may be registered in two modules (a GPT's output
+// projection is its token embedding's weight). The tree then holds it once: the traversals
+// (named_parameters, state_dict) list each tensor under the first name that reaches it (a
+// module's own entries before its children's), as PyTorch's
+// named_parameters(remove_duplicate=True) does, so an optimizer or a gradient all-reduce sees
+// it once; clone() gives the copy one new tensor in both places, replica() takes one tensor per
+// listed entry and puts it in both, and to() converts it in place once. A checkpoint therefore
+// holds a tied parameter under its first name only. (A buffer cannot be tied:
+// register_buffer keeps a detached alias, a tensor of its own.)
+//
 // Note [Replicas]: forward() reads its tensors from the registry at every call, so a
 // replica computes with exactly the tensors it was given: when they are the outputs of
 // a differentiable copy of the original's parameters (e.g. p.to(cuda:1)), backward
@@ -28,6 +38,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -132,12 +144,14 @@ class Module {
 
  private:
   void check_new_name(const std::string& name) const;
-  void collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out) const;
+  // Appends prefix + name for each tensor not in `seen` yet (Note [Tied parameters]).
+  void collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out,
+               std::unordered_set<const TensorImpl*>& seen) const;
+  std::shared_ptr<Module> clone_into(std::optional<Device> device,
+                                     std::unordered_map<const TensorImpl*, Tensor>& copies) const;
   void repr_into(std::string& out, int indent) const;
-  // replica() after its checks: fills the slots from parameters[next_param...] and
-  // buffers[next_buffer...] in collect() order.
-  std::shared_ptr<Module> replica_from(std::span<const Tensor> parameters, std::span<const Tensor> buffers,
-                                       size_t& next_param, size_t& next_buffer) const;
+  // replica() after its checks: fills each slot with the tensor given for its original.
+  std::shared_ptr<Module> replica_from(const std::unordered_map<const TensorImpl*, Tensor>& given) const;
 
   std::string type_name_;
   bool training_ = true;

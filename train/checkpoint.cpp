@@ -149,7 +149,7 @@ void check_resumable(const Checkpoint& checkpoint, const std::string& path, cons
   if (scheduler) {
     const std::string& mine = scheduler->name();
     WEFT_CHECK(checkpoint.scheduler.has_value(), "resume: checkpoint '", path, "' was written without a "
-               "learning-rate scheduler, but this loop has a ", mine, " (its schedule would restart at epoch ",
+               "learning-rate scheduler, but this loop has a ", mine, " (its schedule would restart after epoch ",
                checkpoint.epoch, "); resume without a scheduler, or start a new run");
     WEFT_CHECK(*checkpoint.scheduler == mine, "resume: checkpoint '", path, "' was written with a ",
                *checkpoint.scheduler, " scheduler, but this loop has a ", mine);

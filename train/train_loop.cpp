@@ -102,7 +102,9 @@ std::optional<EpochResult> TrainLoop::train_epoch(int epoch, int epochs) {
   const int64_t base_samples = epoch_samples_, base_batches = epoch_batches_;
   const int64_t every = options_.checkpoint_every;
   const Device device = strategy_->input_device();
-  Progress progress(log, strategy_->is_main_process() && Progress::is_terminal(log), epoch, epochs, steps, first);
+  const ThroughputUnit& unit = options_.throughput_unit;
+  Progress progress(log, strategy_->is_main_process() && Progress::is_terminal(log), epoch, epochs, steps, first,
+                    unit.abbreviation);
   // The epoch's loss is summed on the device; a batch's loss is read back (a host
   // synchronisation on a GPU, which would stall the queue of launches) only when a
   // callback or the progress display needs it. The main process's sum starts from the
@@ -118,6 +120,8 @@ std::optional<EpochResult> TrainLoop::train_epoch(int epoch, int epochs) {
     span.arg("step", step);
     for (auto& cb : callbacks_) cb->on_batch_begin(*this, step);
     Tensor loss = strategy_->train_step(batch, criterion_, *optimizer_);
+    last_step_lr_ = optimizer_->lr();
+    if (options_.scheduler && options_.scheduler_interval == SchedulerInterval::Step) options_.scheduler->step();
     for (auto& cb : callbacks_) cb->on_after_optimizer_step(*this, step);
     {
       NoGradGuard no_grad;
@@ -129,7 +133,7 @@ std::optional<EpochResult> TrainLoop::train_epoch(int epoch, int epochs) {
     if (show || !callbacks_.empty()) {
       double value = loss.item();
       for (auto& cb : callbacks_) cb->on_batch_end(*this, step - 1, value);
-      if (show) progress.update(step, value, images);
+      if (show) progress.update(step, value, images * unit.per_sample);
       check_finite_loss(value, epoch, "step " + std::to_string(step) + " of " + std::to_string(steps));
     }
     // Every rank has as many batches, so every rank takes this branch at the same step and
@@ -194,8 +198,9 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
     if (!trained) break;  // stopped at a mid-epoch checkpoint
     EpochResult result = *trained;
     strategy_->consolidate_replicas(*optimizer_);  // one model to evaluate and save
-    const double lr = optimizer_->lr();  // the epoch's, before the schedule moves it
-    if (options_.scheduler) options_.scheduler->step();
+    // The epoch's rate before a per-epoch schedule moves it; a per-step schedule's last step's.
+    const double lr = options_.scheduler_interval == SchedulerInterval::Step ? last_step_lr_ : optimizer_->lr();
+    if (options_.scheduler && options_.scheduler_interval == SchedulerInterval::Epoch) options_.scheduler->step();
     if (val_loader_) result.val = evaluate(*val_loader_);
     if (test_loader_) result.test = evaluate(*test_loader_);
     epoch_ = epoch;
@@ -205,7 +210,9 @@ std::vector<EpochResult> TrainLoop::fit(int epochs) {
     if (result.val) log << ", val loss " << result.val->loss << ", val accuracy " << result.val->accuracy;
     if (result.test) log << ", test accuracy " << result.test->accuracy;
     if (options_.scheduler) log << ", lr " << std::defaultfloat << std::setprecision(6) << lr << std::fixed;
-    log << ", " << std::setprecision(0) << result.images_per_second << " images/s" << std::endl;
+    const ThroughputUnit& unit = options_.throughput_unit;
+    log << ", " << std::setprecision(0) << result.images_per_second * static_cast<double>(unit.per_sample) << " "
+        << unit.name << "/s" << std::endl;
     checkpoint_point();
     for (auto& cb : callbacks_) cb->on_epoch_end(*this, result);
     results.push_back(result);
@@ -237,13 +244,16 @@ Evaluation TrainLoop::evaluate(data::DataLoader& loader) {
   TraceSpan span("evaluate", device);
   // Summed on the device and read once at the end: no host synchronisation per batch.
   Tensor loss_sum = zeros({}, TensorOptions(DType::Float64, device));
-  Tensor correct = zeros({}, TensorOptions(DType::Int64, device));
+  // Per sample: the fraction of its targets predicted (1 or 0 for a classifier).
+  Tensor correct = zeros({}, TensorOptions(DType::Float64, device));
   int64_t samples = 0;
   for (const data::Batch& batch : data::DevicePrefetcher(loader, device)) {
     Tensor out = strategy_->forward(batch.data);
     const int64_t n = batch.data.size(0);
     loss_sum = add(loss_sum, mul(criterion_(out, batch.target).to(DType::Float64), static_cast<double>(n)));
-    correct = add(correct, sum(eq(argmax(out, 1), batch.target).to(DType::Int64)));
+    const double targets_per_sample = static_cast<double>(batch.target.numel()) / static_cast<double>(n);
+    correct = add(correct, div(sum(eq(argmax(out, -1), batch.target).to(DType::Int64)).to(DType::Float64),
+                               targets_per_sample));
     samples += n;
   }
   runner_->train(was_training);
@@ -262,6 +272,11 @@ Evaluation TrainLoop::evaluate(data::DataLoader& loader) {
 std::optional<Evaluation> TrainLoop::evaluate_test() {
   if (!test_loader_) return std::nullopt;
   return evaluate(*test_loader_);
+}
+
+std::optional<Evaluation> TrainLoop::evaluate_val() {
+  if (!val_loader_) return std::nullopt;
+  return evaluate(*val_loader_);
 }
 
 // --- checkpoints (train/checkpoint.h) ------------------------------------------------

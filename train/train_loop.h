@@ -54,7 +54,10 @@ namespace weft::train {
 
 struct Evaluation {
   double loss = 0;      // mean over samples
-  double accuracy = 0;  // argmax of the output equals the target
+  // The fraction of targets that the output's argmax along its last dim predicts: one per
+  // sample for a classifier ([N, C] outputs), one per position for a language model ([B, T, V]
+  // outputs against [B, T] targets: next-token accuracy).
+  double accuracy = 0;
   int64_t samples = 0;
 };
 
@@ -62,7 +65,7 @@ struct EpochResult {
   int epoch = 0;              // 1-based
   double train_loss = 0;      // mean of the batch losses
   double seconds = 0;         // training only, evaluation excluded
-  double images_per_second = 0;
+  double images_per_second = 0;  // samples per second (TrainLoopOptions::throughput_unit says what else)
   std::optional<Evaluation> val, test;
 };
 
@@ -86,16 +89,32 @@ class Callback {
   virtual void on_checkpoint(TrainLoop& loop) {}
 };
 
+// What the loop's speeds count: images by default (a sample each); a language model's samples
+// hold block_size tokens each ({"tokens", "tok", block_size}).
+struct ThroughputUnit {
+  std::string name = "images";
+  std::string abbreviation = "img";
+  int64_t per_sample = 1;
+};
+
+// When TrainLoopOptions::scheduler steps.
+enum class SchedulerInterval {
+  Epoch,  // after each epoch's training (StepLR, CosineAnnealingLR over epochs)
+  Step,   // after each optimizer step (warm-up then cosine over steps, as nanoGPT's)
+};
+
 struct TrainLoopOptions {
   std::shared_ptr<Strategy> strategy;  // null: SingleDevice, on the model's device
   std::string checkpoint_path;  // written after every epoch when not empty (by the main process)
   // With a checkpoint_path: also a checkpoint after every `checkpoint_every`-th step of an
   // epoch (Note [Mid-epoch checkpoints]); 0: only at epochs' ends.
   int64_t checkpoint_every = 0;
-  // Stepped once after each epoch's training (per-epoch schedules); must act on the loop's
-  // optimizer. Its state is saved in checkpoints ("scheduler" = its name(), "scheduler.<key>")
-  // and restored by resume(), so a resumed run's schedule goes on where it was.
+  // Stepped once after each epoch's training, or after each step (scheduler_interval); must
+  // act on the loop's optimizer. Its state is saved in checkpoints ("scheduler" = its name(),
+  // "scheduler.<key>") and restored by resume(), so a resumed run's schedule goes on where it was.
   std::shared_ptr<optim::LRScheduler> scheduler;
+  SchedulerInterval scheduler_interval = SchedulerInterval::Epoch;
+  ThroughputUnit throughput_unit;
   // Written into every checkpoint's metadata beside the loop's own entries (a program's
   // run configuration: weft-train records its flags and checks them on resume). Keys must
   // not be the loop's: "format", "epoch", "epoch_samples", "epoch_loss_sum",
@@ -131,6 +150,8 @@ class TrainLoop {
   // The test loader given at construction (as the strategy shards it), as fit() evaluates it
   // after an epoch; nullopt without one.
   std::optional<Evaluation> evaluate_test();
+  // The same for the validation loader.
+  std::optional<Evaluation> evaluate_val();
   void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
 
   // Refuses (throws, leaving `path` as it was) when a weight is NaN or infinite. Records the
@@ -187,6 +208,7 @@ class TrainLoop {
   double epoch_loss_sum_ = 0;
   int64_t epoch_batches_ = 0;
   std::atomic<bool> stop_requested_{false};
+  double last_step_lr_ = 0;  // the learning rate of the last step trained (per-step schedules move it)
 };
 
 }  // namespace weft::train

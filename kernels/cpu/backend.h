@@ -16,6 +16,7 @@ void register_random_kernels();       // random.cpp
 void register_dropout_kernels();      // dropout.cpp
 void register_reduce_kernels();       // reduce.cpp
 void register_softmax_kernels();      // softmax.cpp
+void register_attention_kernels();    // attention.cpp
 void register_loss_kernels();         // loss.cpp
 void register_index_kernels();        // index_ops.cpp
 void register_optim_kernels();        // optim.cpp
@@ -23,5 +24,6 @@ void register_matmul_kernels();       // matmul.cpp
 void register_conv_kernels();         // conv.cpp
 void register_pooling_kernels();      // pooling.cpp
 void register_batch_norm_kernels();   // batch_norm.cpp
+void register_layer_norm_kernels();   // layer_norm.cpp
 
 }  // namespace weft::cpu

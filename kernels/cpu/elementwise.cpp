@@ -28,6 +28,27 @@ T gelu_grad(T x) {
   return cdf + x * pdf;
 }
 
+// GELU's tanh form and its exact derivative, PyTorch's formulas (GeluKernel.cpp): with
+// u = sqrt(2 / pi) * (x + kappa * x^3) and t = tanh(u),
+//   gelu_tanh(x) = 0.5 * x * (1 + t),
+//   d/dx         = 0.5 * (1 + t) + 0.5 * x * (1 - t^2) * sqrt(2 / pi) * (1 + 3 * kappa * x^2).
+constexpr double kGeluTanhBeta = std::numbers::sqrt2 * std::numbers::inv_sqrtpi;  // sqrt(2 / pi)
+constexpr double kGeluTanhKappa = 0.044715;
+
+template <class T>
+T gelu_tanh(T x) {
+  const T inner = T(kGeluTanhBeta) * (x + T(kGeluTanhKappa) * x * x * x);
+  return T(0.5) * x * (T(1) + std::tanh(inner));
+}
+
+template <class T>
+T gelu_tanh_grad(T x) {
+  const T x2 = x * x;
+  const T t = std::tanh(T(kGeluTanhBeta) * (x + T(kGeluTanhKappa) * x2 * x));
+  const T inner_grad = T(kGeluTanhBeta) * (T(1) + T(3 * kGeluTanhKappa) * x2);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * inner_grad;
+}
+
 template <class T>
 T sigmoid(T x) {
   // Split by sign so that exp never overflows.
@@ -98,6 +119,10 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
       if constexpr (std::is_floating_point_v<T>)
         return binary_loop<T, T>(a, b, out, [](T g, T x) { return g * gelu_grad(x); });
       break;
+    case BinaryOp::GeluTanhBackward:
+      if constexpr (std::is_floating_point_v<T>)
+        return binary_loop<T, T>(a, b, out, [](T g, T x) { return g * gelu_tanh_grad(x); });
+      break;
   }
   WEFT_FAIL("binary op ", static_cast<int>(op), " is not defined for dtype ", a.dtype());
 }
@@ -149,6 +174,7 @@ void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out, double p0, dou
       case UnaryOp::Sigmoid: return unary_loop<T>(in, out, [](T x) { return sigmoid(x); });
       case UnaryOp::Tanh: return unary_loop<T>(in, out, [](T x) { return std::tanh(x); });
       case UnaryOp::Gelu: return unary_loop<T>(in, out, [](T x) { return gelu(x); });
+      case UnaryOp::GeluTanh: return unary_loop<T>(in, out, [](T x) { return gelu_tanh(x); });
       case UnaryOp::PowScalar: return unary_loop<T>(in, out, [c0](T x) { return std::pow(x, c0); });
       default: break;
     }

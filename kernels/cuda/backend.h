@@ -22,6 +22,7 @@ void register_random_kernels();       // random.cu
 void register_dropout_kernels();      // dropout.cu
 void register_reduce_kernels();       // reduce.cu
 void register_softmax_kernels();      // softmax.cu
+void register_attention_kernels();    // attention.cu
 void register_loss_kernels();         // loss.cu
 void register_index_kernels();        // index_ops.cu
 void register_optim_kernels();        // optim.cu
@@ -29,6 +30,7 @@ void register_matmul_kernels();       // matmul.cpp (cuBLAS)
 void register_conv_kernels();         // conv.cpp (cuDNN)
 void register_pooling_kernels();      // pooling_kernels.cu
 void register_batch_norm_kernels();   // batch_norm_kernels.cu
+void register_layer_norm_kernels();   // layer_norm.cu
 
 // Host <-> device (copy.cu): both contiguous with one dtype and shape.
 void copy_with_host(const Tensor& src, const Tensor& dst);

@@ -65,6 +65,24 @@ __device__ __forceinline__ T gelu_grad(T x) {
   return cdf + x * pdf;
 }
 
+// GELU's tanh form and its exact derivative, the CPU's formulas (kernels/cpu/elementwise.cpp).
+constexpr double kGeluTanhBeta = std::numbers::sqrt2 * std::numbers::inv_sqrtpi;  // sqrt(2 / pi)
+constexpr double kGeluTanhKappa = 0.044715;
+
+template <class T>
+__device__ __forceinline__ T gelu_tanh(T x) {
+  const T inner = T(kGeluTanhBeta) * (x + T(kGeluTanhKappa) * x * x * x);
+  return T(0.5) * x * (T(1) + math::tanh(inner));
+}
+
+template <class T>
+__device__ __forceinline__ T gelu_tanh_grad(T x) {
+  const T x2 = x * x;
+  const T t = math::tanh(T(kGeluTanhBeta) * (x + T(kGeluTanhKappa) * x2 * x));
+  const T inner_grad = T(kGeluTanhBeta) * (T(1) + T(3 * kGeluTanhKappa) * x2);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * inner_grad;
+}
+
 template <class T>
 __device__ __forceinline__ T sigmoid(T x) {
   // Split by sign so that exp never overflows.
@@ -128,6 +146,9 @@ template <class T> struct SigmoidBackward {
 };
 template <class T> struct TanhBackward { __device__ T operator()(T g, T y) const { return T(g * (T(1) - y * y)); } };
 template <class T> struct GeluBackward { __device__ T operator()(T g, T x) const { return g * gelu_grad(x); } };
+template <class T> struct GeluTanhBackward {
+  __device__ T operator()(T g, T x) const { return g * gelu_tanh_grad(x); }
+};
 
 // --- unary functors -------------------------------------------------------------------
 
@@ -153,6 +174,7 @@ template <class T> struct Sqrt { __device__ T operator()(T x) const { return mat
 template <class T> struct Sigmoid { __device__ T operator()(T x) const { return sigmoid(x); } };
 template <class T> struct Tanh { __device__ T operator()(T x) const { return math::tanh(x); } };
 template <class T> struct Gelu { __device__ T operator()(T x) const { return gelu(x); } };
+template <class T> struct GeluTanh { __device__ T operator()(T x) const { return gelu_tanh(x); } };
 template <class T> struct Affine {
   T scale, shift;  // the CPU's static_cast<T> of p0, p1
   __device__ T operator()(T x) const { return T(scale * x + shift); }
@@ -337,6 +359,10 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
         if constexpr (std::is_floating_point_v<T>)
           return launch<T, T, T>("gelu_backward", out, in, GeluBackward<T>{});
         break;
+      case BinaryOp::GeluTanhBackward:
+        if constexpr (std::is_floating_point_v<T>)
+          return launch<T, T, T>("gelu_backward (tanh)", out, in, GeluTanhBackward<T>{});
+        break;
       default: break;
     }
   }
@@ -378,6 +404,7 @@ void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out, double p0, dou
       case UnaryOp::Sigmoid: return launch<T, T>("sigmoid", out, x, Sigmoid<T>{});
       case UnaryOp::Tanh: return launch<T, T>("tanh", out, x, Tanh<T>{});
       case UnaryOp::Gelu: return launch<T, T>("gelu", out, x, Gelu<T>{});
+      case UnaryOp::GeluTanh: return launch<T, T>("gelu (tanh)", out, x, GeluTanh<T>{});
       case UnaryOp::PowScalar: return launch<T, T>("pow by a scalar", out, x, PowScalar<T>{static_cast<T>(p0)});
       default: break;
     }

@@ -1,6 +1,6 @@
-// What the teaching ladders' mains and bench/kernels share: finding a GPU, RAII device
-// buffers for the standalone mains, kernel timing with CUDA events, and the --json file of
-// a ladder's timing table.
+// What the teaching ladders' mains and bench/kernels share: finding a GPU, random inputs, RAII
+// device buffers for the standalone mains, kernel timing with CUDA events, and the --json file
+// of a ladder's timing table.
 //
 // Timing enqueues every repetition back to back, with one event between consecutive
 // launches, and waits only at the end: the host runs ahead of the GPU, so a launch's
@@ -14,12 +14,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/check.h"
 
 namespace weft::dev {
+
+// `count` floats uniform in [-1, 1) from std::mt19937 seeded with `seed`.
+inline std::vector<float> random_uniform(int64_t count, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<float> values(static_cast<size_t>(count));
+  for (auto& x : values) x = dist(gen);
+  return values;
+}
 
 // Whether a CUDA GPU is visible; otherwise `reason` says why (no driver, no device).
 inline bool gpu_present(std::string& reason) {

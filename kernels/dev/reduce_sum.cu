@@ -189,7 +189,6 @@ void reduce_sum_warp_shuffle(const float* x, int64_t n, float* out, float* works
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -198,6 +197,7 @@ void reduce_sum_warp_shuffle(const float* x, int64_t n, float* out, float* works
 namespace {
 
 using weft::dev::DeviceBuffer;
+using weft::dev::random_uniform;
 
 // |sum - ref| <= kRtol * sum |x|, ref accumulated in float64. Float32 partial sums err by
 // a few 2^-24 of that (rounding errors of random sign over chunks of a few hundred);
@@ -256,10 +256,7 @@ int run(int64_t n, int reps, const std::string& json_path) {
   // and x + 1 checks a start that is not 16-byte aligned.
   const int64_t validation_sizes[] = {0, 1, 7, 1000003, int64_t{1} << 24};
   const int64_t capacity = std::max(n, validation_sizes[4]) + 1;
-  std::vector<float> host(capacity);
-  std::mt19937 gen(1);
-  std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  for (auto& value : host) value = dist(gen);
+  const std::vector<float> host = random_uniform(capacity, 1);
   DeviceBuffer<float> x(capacity), out(1), workspace(std::max<int64_t>(reduce_sum_workspace_floats(capacity), 1));
   WEFT_CUDA_CHECK(cudaMemcpyAsync(x.get(), host.data(), capacity * sizeof(float), cudaMemcpyHostToDevice, stream));
 

@@ -307,7 +307,6 @@ RawCublasHandle::~RawCublasHandle() {
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -316,19 +315,12 @@ RawCublasHandle::~RawCublasHandle() {
 namespace {
 
 using weft::dev::DeviceBuffer;
+using weft::dev::random_uniform;
 
 // |C - ref| <= kRtol * sum_k |A_ik B_kj|, with ref accumulated in float64. A float32 dot
 // product of K terms errs by about 2^-24 of that sum (rounding errors of random sign);
 // 1e-5 leaves a margin of ~100x, while an indexing bug errs by O(1) of it.
 constexpr double kRtol = 1e-5;
-
-std::vector<float> random_matrix(int64_t count, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  std::vector<float> values(count);
-  for (auto& v : values) v = dist(gen);
-  return values;
-}
 
 // Checks the listed rows of C against the float64 reference; returns the count of
 // elements out of tolerance (NaN counts as wrong).
@@ -408,7 +400,7 @@ int run(int M, int N, int K, int reps, const std::string& json_path) {
   const int shapes[][3] = {{509, 383, 257}, {300, 1004, 516}, {128, 256, 64}, {33, 20, 4}, {5, 8, 0}};
   for (const auto& shape : shapes) {
     const int m = shape[0], n = shape[1], k = shape[2];
-    auto A = random_matrix(static_cast<int64_t>(m) * k, 1), B = random_matrix(static_cast<int64_t>(k) * n, 2);
+    auto A = random_uniform(static_cast<int64_t>(m) * k, 1), B = random_uniform(static_cast<int64_t>(k) * n, 2);
     std::vector<int> rows(m);
     for (int i = 0; i < m; ++i) rows[i] = i;
     char dims[48];
@@ -435,7 +427,7 @@ int run(int M, int N, int K, int reps, const std::string& json_path) {
   const int64_t validation_wrong = total_wrong;
 
   // Timing at the requested size; each result is also checked on a few rows.
-  auto A = random_matrix(static_cast<int64_t>(M) * K, 3), B = random_matrix(static_cast<int64_t>(K) * N, 4);
+  auto A = random_uniform(static_cast<int64_t>(M) * K, 3), B = random_uniform(static_cast<int64_t>(K) * N, 4);
   DeviceBuffer<float> dA(A.size()), dB(B.size()), dC(static_cast<size_t>(M) * N);
   upload(dA.get(), A, stream);
   upload(dB.get(), B, stream);

@@ -13,12 +13,20 @@ constexpr size_t kExpAvg = 0, kExpAvgSq = 1, kMaxExpAvgSq = 2;
 
 AdamOptions to_adam(const AdamWOptions& o) { return {o.lr, o.betas, o.eps, o.weight_decay, o.amsgrad, o.maximize}; }
 
+std::vector<ParamGroup> one_group(std::vector<Tensor> params) {
+  return {ParamGroup{std::move(params), std::nullopt}};
+}
+
 }  // namespace
 
-Adam::Adam(std::vector<Tensor> params, const AdamOptions& options) : Adam("Adam", std::move(params), options, false) {}
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& options)
+    : Adam("Adam", one_group(std::move(params)), options, false) {}
 
-Adam::Adam(std::string name, std::vector<Tensor> params, const AdamOptions& options, bool decoupled_weight_decay)
-    : MultiTensorOptimizer(std::move(name), std::move(params), options.lr, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
+Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& options)
+    : Adam("Adam", std::move(groups), options, false) {}
+
+Adam::Adam(std::string name, std::vector<ParamGroup> groups, const AdamOptions& options, bool decoupled_weight_decay)
+    : MultiTensorOptimizer(std::move(name), std::move(groups), options.lr, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
                            /*counts_steps=*/true),
       options_(options),
       decoupled_weight_decay_(decoupled_weight_decay) {
@@ -60,7 +68,7 @@ void Adam::update(const StepGroup& group) {
                   options_.betas.first,
                   options_.betas.second,
                   options_.eps,
-                  options_.weight_decay,
+                  group.weight_decay.value_or(options_.weight_decay),
                   options_.amsgrad,
                   options_.maximize,
                   decoupled_weight_decay_};
@@ -116,7 +124,10 @@ void Adam::check_state(const std::vector<ParamState>& state, const std::map<std:
 }
 
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
-    : Adam("AdamW", std::move(params), to_adam(options), true) {}
+    : Adam("AdamW", one_group(std::move(params)), to_adam(options), true) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
+    : Adam("AdamW", std::move(groups), to_adam(options), true) {}
 
 AdamWOptions AdamW::options() const {
   AdamOptions o = Adam::options();

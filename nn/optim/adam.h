@@ -6,6 +6,10 @@
 // State per parameter that has taken a step: "<i>.exp_avg", "<i>.exp_avg_sq",
 // "<i>.max_exp_avg_sq" (AMSGrad only) and the scalar "<i>.step". Step counts are per
 // parameter, as in PyTorch: a parameter skipped for lack of a grad does not advance.
+//
+// Parameter groups may set their own weight decay (nn/optim/param_group.h): nanoGPT's AdamW
+// is AdamW(weight_decay_groups(model, 0.1), AdamWOptions(6e-4, {0.9, 0.95})), stepped as
+// two AdamWs, one with decay 0.1 over the matrices and one with none over the rest, would be.
 #pragma once
 
 #include <map>
@@ -44,13 +48,14 @@ struct AdamWOptions {
 class Adam : public MultiTensorOptimizer {
  public:
   Adam(std::vector<Tensor> params, const AdamOptions& options);
+  Adam(std::vector<ParamGroup> groups, const AdamOptions& options);
 
   // The options in force (lr included: set_lr and load_state_dict change it).
   AdamOptions options() const;
 
  protected:
   // AdamW's constructor: decoupled weight decay under another name.
-  Adam(std::string name, std::vector<Tensor> params, const AdamOptions& options, bool decoupled_weight_decay);
+  Adam(std::string name, std::vector<ParamGroup> groups, const AdamOptions& options, bool decoupled_weight_decay);
 
   void update(const StepGroup& group) override;
   std::map<std::string, double> hyperparameters() const override;
@@ -69,6 +74,7 @@ class Adam : public MultiTensorOptimizer {
 class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, const AdamWOptions& options);
+  AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options);
 
   AdamWOptions options() const;
 };

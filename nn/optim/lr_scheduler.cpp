@@ -20,6 +20,14 @@ bool is_whole(double v) { return std::isfinite(v) && v == std::floor(v) && std::
 // A scalar holding an integer, checked by the caller with is_whole.
 int64_t as_int(double v) { return static_cast<int64_t>(v); }
 
+// a + b * c with the product rounded before the sum, as Python rounds it: a compiler may fuse
+// the two into one multiply-add (g++ does under -march=native, clang within one expression),
+// one rounding fewer, and the rate would then differ from Python's in the last bit.
+double add_rounded_product(double a, double b, double c) {
+  volatile double product = b * c;
+  return a + product;
+}
+
 }  // namespace
 
 LRScheduler::LRScheduler(std::string name, Optimizer& optimizer) : name_(std::move(name)), optimizer_(optimizer) {
@@ -162,6 +170,48 @@ void LinearLR::set_parameters(const std::map<std::string, double>& v) {
   start_factor_ = v.at("start_factor");
   end_factor_ = v.at("end_factor");
   total_iters_ = as_int(v.at("total_iters"));
+}
+
+// --- WarmupCosineLR ---------------------------------------------------------------------
+
+WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t decay_steps, double min_lr)
+    : LRScheduler("WarmupCosineLR", optimizer),
+      warmup_steps_(warmup_steps),
+      decay_steps_(decay_steps),
+      min_lr_(min_lr) {
+  check_parameters(parameters());
+  start();
+}
+
+double WarmupCosineLR::lr_at(int64_t epoch) const {
+  // nanoGPT's get_lr, operation for operation (Python evaluates left to right).
+  if (epoch < warmup_steps_)
+    return base_lr() * static_cast<double>(epoch + 1) / static_cast<double>(warmup_steps_ + 1);
+  if (epoch > decay_steps_) return min_lr_;
+  const double decay_ratio =
+      static_cast<double>(epoch - warmup_steps_) / static_cast<double>(decay_steps_ - warmup_steps_);
+  const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * decay_ratio));
+  return add_rounded_product(min_lr_, coeff, base_lr() - min_lr_);
+}
+
+std::map<std::string, double> WarmupCosineLR::parameters() const {
+  return {{"warmup_steps", static_cast<double>(warmup_steps_)},
+          {"decay_steps", static_cast<double>(decay_steps_)},
+          {"min_lr", min_lr_}};
+}
+
+void WarmupCosineLR::check_parameters(const std::map<std::string, double>& v) const {
+  double warmup = v.at("warmup_steps"), decay = v.at("decay_steps"), min_lr = v.at("min_lr");
+  WEFT_CHECK(is_whole(warmup) && warmup >= 0, name(), ": warmup_steps must be a whole number >= 0, got ", warmup);
+  WEFT_CHECK(is_whole(decay) && decay > warmup, name(), ": decay_steps must be a whole number > warmup_steps (",
+             warmup, "), got ", decay);
+  WEFT_CHECK(std::isfinite(min_lr) && min_lr >= 0, name(), ": min_lr must be finite and >= 0, got ", min_lr);
+}
+
+void WarmupCosineLR::set_parameters(const std::map<std::string, double>& v) {
+  warmup_steps_ = as_int(v.at("warmup_steps"));
+  decay_steps_ = as_int(v.at("decay_steps"));
+  min_lr_ = v.at("min_lr");
 }
 
 // --- SequentialLR -----------------------------------------------------------------------

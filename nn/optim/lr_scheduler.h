@@ -1,6 +1,6 @@
 // Learning-rate schedulers (torch.optim.lr_scheduler): StepLR, CosineAnnealingLR,
 // LinearLR (warm-up) and SequentialLR (one schedule after another, e.g. warm-up then
-// cosine).
+// cosine); WarmupCosineLR is nanoGPT's get_lr, stepped once per optimizer step.
 //
 // A scheduler acts on an Optimizer's lr (it keeps a reference: the optimizer must
 // outlive it). Like PyTorch's, constructing one records the optimizer's initial_lr
@@ -114,6 +114,31 @@ class LinearLR : public LRScheduler {
   double start_factor_;
   double end_factor_;
   int64_t total_iters_;
+};
+
+// nanoGPT's schedule (train.py's get_lr), with s = last_epoch, the number of optimizer
+// steps taken (step() once after each optimizer step), W = warmup_steps, D = decay_steps:
+//   s < W:       lr = base_lr * (s + 1) / (W + 1)                      linear warm-up
+//   W <= s <= D: lr = min_lr + c * (base_lr - min_lr),                 cosine decay
+//                c = 0.5 * (1 + cos(pi * (s - W) / (D - W)))
+//   s > D:       lr = min_lr
+// in that order of operations, so the values are nanoGPT's to the last bit. The rate reaches
+// base_lr at s = W and min_lr at s = D (nanoGPT's lr_decay_iters, about the run's length;
+// its min_lr is about base_lr / 10). 0 <= W < D.
+class WarmupCosineLR : public LRScheduler {
+ public:
+  WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t decay_steps, double min_lr = 0);
+  double lr_at(int64_t epoch) const override;
+
+ protected:
+  std::map<std::string, double> parameters() const override;
+  void check_parameters(const std::map<std::string, double>& values) const override;
+  void set_parameters(const std::map<std::string, double>& values) override;
+
+ private:
+  int64_t warmup_steps_;
+  int64_t decay_steps_;
+  double min_lr_;
 };
 
 // schedulers[k] from milestones[k-1] on, counting its epochs from that milestone (as

@@ -1,10 +1,12 @@
-// MultiTensorOptimizer: the step driver (grouping by device and dtype, contiguity, state
-// checks) and state_dict / load_state_dict in the form nn/optim/optimizer.h describes.
+// MultiTensorOptimizer: the step driver (grouping by device, dtype and weight decay,
+// contiguity, state checks) and state_dict / load_state_dict in the form nn/optim/optimizer.h
+// describes.
 #include "nn/optim/multi_tensor_optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <tuple>
 
 #include "core/autograd.h"
 
@@ -34,11 +36,18 @@ std::string describe(const Tensor& t) {
 
 }  // namespace
 
-MultiTensorOptimizer::MultiTensorOptimizer(std::string name, std::vector<Tensor> params, double lr,
+MultiTensorOptimizer::MultiTensorOptimizer(std::string name, std::vector<ParamGroup> groups, double lr,
                                            std::vector<std::string> slot_names, bool counts_steps)
-    : Optimizer(std::move(name), std::move(params), lr),
+    : Optimizer(std::move(name), params_of(groups), lr),
       slot_names_(std::move(slot_names)),
       counts_steps_(counts_steps) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (const auto& decay = groups[g].weight_decay) {
+      const std::string what = "weight_decay value of parameter group " + std::to_string(g);
+      check_hyperparameter(*decay >= 0, what.c_str(), *decay, "must be >= 0");
+    }
+    weight_decay_.insert(weight_decay_.end(), groups[g].params.size(), groups[g].weight_decay);
+  }
   state_.resize(this->params().size());
   for (ParamState& s : state_) s.slots.resize(slot_names_.size());
 }
@@ -65,18 +74,20 @@ void MultiTensorOptimizer::step() {
   if (active.empty()) return;
   for (size_t i : active) check_state_matches(i);
 
-  // The kernels' contract is one device and one dtype per call: one call per (device,
-  // dtype) pair, in the order the pairs first appear in the parameter list. Updates are
-  // elementwise, so the grouping changes no bits.
-  std::vector<std::pair<Device, DType>> keys;
+  // The kernels' contract is one device, one dtype and one set of hyperparameters per call:
+  // one call per (device, dtype, group weight decay), in the order the triples first appear
+  // in the parameter list. Updates are elementwise, so the grouping changes no bits.
+  std::vector<std::tuple<Device, DType, std::optional<double>>> keys;
   std::vector<StepGroup> groups;
   for (size_t i : active) {
     const Tensor& p = params()[i];
-    const std::pair<Device, DType> key{p.device(), p.dtype()};
+    const std::tuple<Device, DType, std::optional<double>> key{p.device(), p.dtype(), weight_decay_[i]};
     const size_t g = std::find(keys.begin(), keys.end(), key) - keys.begin();
     if (g == keys.size()) {
       keys.push_back(key);
-      groups.emplace_back().device = p.device();
+      StepGroup& group = groups.emplace_back();
+      group.device = p.device();
+      group.weight_decay = weight_decay_[i];
     }
     StepGroup& group = groups[g];
     group.index.push_back(i);
@@ -105,6 +116,7 @@ OptimizerState MultiTensorOptimizer::state_dict() const {
         out.tensors.emplace_back(std::to_string(i) + "." + slot_names_[s], state_[i].slots[s].detach());
     if (counts_steps_ && state_[i].step > 0)
       out.scalars[std::to_string(i) + ".step"] = static_cast<double>(state_[i].step);
+    if (weight_decay_[i]) out.scalars[std::to_string(i) + ".weight_decay"] = *weight_decay_[i];
   }
   out.scalars.merge(hyperparameters());
   out.scalars["lr"] = lr();
@@ -129,16 +141,24 @@ void MultiTensorOptimizer::load_state_dict(const OptimizerState& state) {
   for (const auto& [key, value] : expected)
     if (!scalars.count(key)) missing.push_back(key);
   std::vector<int64_t> steps(params().size(), 0);
+  std::vector<std::optional<double>> decays(params().size());
   for (const auto& [key, value] : scalars) {
     if (expected.count(key) || key == "initial_lr") continue;
-    size_t dot = key.find('.');
-    if (counts_steps_ && dot != std::string::npos && key.substr(dot + 1) == "step" && parse_index(key.substr(0, dot))) {
-      size_t i = *parse_index(key.substr(0, dot));
+    const size_t dot = key.find('.');
+    const std::optional<size_t> index = dot == std::string::npos ? std::nullopt : parse_index(key.substr(0, dot));
+    const std::string what = index ? key.substr(dot + 1) : "";
+    if (index && ((counts_steps_ && what == "step") || what == "weight_decay")) {
+      const size_t i = *index;
       WEFT_CHECK(i < params().size(), where, ": scalar '", key, "' names parameter ", i, " but this optimizer has ",
                  params().size(), " parameters");
-      WEFT_CHECK(value >= 0 && value == std::floor(value) && value < 9.0e15, where, ": scalar '", key,
-                 "' must be a non-negative whole number, got ", value);
-      steps[i] = static_cast<int64_t>(value);
+      if (what == "step") {
+        WEFT_CHECK(value >= 0 && value == std::floor(value) && value < 9.0e15, where, ": scalar '", key,
+                   "' must be a non-negative whole number, got ", value);
+        steps[i] = static_cast<int64_t>(value);
+      } else {
+        WEFT_CHECK(value >= 0, where, ": scalar '", key, "' (a weight decay) must be >= 0, got ", value);
+        decays[i] = value;
+      }
       continue;
     }
     unexpected.push_back(key);
@@ -151,6 +171,19 @@ void MultiTensorOptimizer::load_state_dict(const OptimizerState& state) {
   double lr = scalars.at("lr");
   check_hyperparameter(lr >= 0, "learning rate", lr, "must be >= 0");
   check_hyperparameters(scalars);
+  // The groups: a parameter has a weight decay of its own in the state exactly where its group
+  // sets one here. The values are the state's, as every hyperparameter is.
+  for (size_t i = 0; i < params().size(); ++i) {
+    const std::string key = std::to_string(i) + ".weight_decay";
+    WEFT_CHECK(!decays[i] || weight_decay_[i], where, ": the state gives parameter ", i,
+               " a weight decay of its own (scalar '", key, "' = ", decays[i].value_or(0),
+               ") but here its group sets none (it decays by the optimizer's weight_decay); build the optimizer "
+               "over the parameter groups of the one that saved the state");
+    WEFT_CHECK(decays[i] || !weight_decay_[i], where, ": parameter ", i, "'s group sets a weight decay (",
+               weight_decay_[i].value_or(0), ") but the state has no scalar '", key,
+               "' (the optimizer that saved it decayed parameter ", i,
+               " by its weight_decay); build the optimizer over the parameter groups of the one that saved the state");
+  }
 
   // 2. Tensors: "<index>.<slot>", each shaped like its parameter; copied onto the
   // parameter's device and dtype.
@@ -188,6 +221,7 @@ void MultiTensorOptimizer::load_state_dict(const OptimizerState& state) {
   // A state saved before any scheduler existed keeps the current initial_lr.
   if (auto initial = scalars.find("initial_lr"); initial != scalars.end()) set_initial_lr(initial->second);
   state_ = std::move(loaded);
+  weight_decay_ = std::move(decays);
 }
 
 }  // namespace weft::optim

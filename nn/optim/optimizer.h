@@ -2,8 +2,10 @@
 //
 // An optimizer holds handles to leaf parameters and updates them in place: step() reads
 // each parameter's .grad (parameters whose grad is undefined are skipped, as in PyTorch).
-// One parameter group per optimizer in PyTorch's sense: lr() / set_lr() act on all
-// parameters (make two optimizers where PyTorch would use two groups).
+// lr() / set_lr() act on every parameter, so one scheduler drives an optimizer. Parameter
+// groups (nn/optim/param_group.h) may set their own weight decay and nothing else: the
+// other hyperparameters are the optimizer's (make two optimizers where PyTorch's groups
+// differ in more).
 //
 // Two kinds derive from it: MultiTensorOptimizer (nn/optim/multi_tensor_optimizer.h), the
 // base of SGD, Adam and AdamW, whose state lives beside its parameters; and
@@ -16,9 +18,14 @@
 //            shaped like its parameter
 //   scalars  "lr", the other hyperparameters ("momentum", "beta1", ...; booleans as
 //            0 / 1), "num_params", "<param index>.step" (optimizers that count steps),
-//            "initial_lr" (once a learning-rate scheduler has been made).
-// Indices are positions in params(). A sharded optimizer's consolidated state has the
-// same form as its wrapped optimizer's, so checkpoints move between the two freely.
+//            "<param index>.weight_decay" (each parameter whose group sets a weight decay;
+//            the others decay by "weight_decay"), "initial_lr" (once a learning-rate
+//            scheduler has been made).
+// Indices are positions in params(). Loading checks that the groups match: a parameter has
+// "<i>.weight_decay" in the state exactly where its group sets a decay here (the value is
+// the state's, as for every hyperparameter). Per-parameter keys survive sharding, so a
+// sharded optimizer's consolidated state has the same form as its wrapped optimizer's, and
+// checkpoints move between the two freely.
 #pragma once
 
 #include <map>

@@ -6,7 +6,10 @@
 namespace weft::optim {
 
 SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
-    : MultiTensorOptimizer("SGD", std::move(params), options.lr, {"momentum_buffer"}, /*counts_steps=*/false),
+    : SGD(std::vector<ParamGroup>{ParamGroup{std::move(params), std::nullopt}}, options) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& options)
+    : MultiTensorOptimizer("SGD", std::move(groups), options.lr, {"momentum_buffer"}, /*counts_steps=*/false),
       options_(options) {
   check(options_);
 }
@@ -40,8 +43,12 @@ void SGD::update(const StepGroup& group) {
       buffers.push_back(buffer);
     }
   }
-  SgdHyper hyper{
-      lr(), options_.momentum, options_.dampening, options_.weight_decay, options_.nesterov, options_.maximize};
+  SgdHyper hyper{lr(),
+                 options_.momentum,
+                 options_.dampening,
+                 group.weight_decay.value_or(options_.weight_decay),
+                 options_.nesterov,
+                 options_.maximize};
   sgd_step_stub(group.device, group.params, group.grads, buffers, new_buffer, hyper);
 }
 

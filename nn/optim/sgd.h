@@ -3,7 +3,8 @@
 // kernels/optim_kernels.h, SgdHyper) and its argument checks.
 //
 // State: "<i>.momentum_buffer" for each parameter that has taken a step with
-// momentum != 0. No step counts (PyTorch's SGD keeps none).
+// momentum != 0. No step counts (PyTorch's SGD keeps none). Parameter groups may set their
+// own weight decay (nn/optim/param_group.h).
 #pragma once
 
 #include <map>
@@ -26,6 +27,7 @@ struct SGDOptions {
 class SGD : public MultiTensorOptimizer {
  public:
   SGD(std::vector<Tensor> params, const SGDOptions& options);
+  SGD(std::vector<ParamGroup> groups, const SGDOptions& options);
 
   // The options in force (lr included: set_lr and load_state_dict change it).
   SGDOptions options() const;

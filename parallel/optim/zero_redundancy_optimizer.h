@@ -16,6 +16,11 @@
 //   }, group);
 //   ... loss.backward(); optimizer.step(); ...
 //
+// With parameter groups (nn/optim/param_group.h: nanoGPT's weight-decay split), give it
+// params_of(groups) and build each shard's optimizer over restrict_groups(groups, shard): each
+// parameter keeps its group's decay, and the indices of the state are those of a plain
+// optimizer over the same groups (its "<i>.weight_decay" entries included).
+//
 // The partition is PyTorch's: parameters sorted by size, largest first (ties in their
 // order), each given to the rank that owns the fewest elements so far (ties: the lowest
 // rank). A rank that owns nothing (more ranks than parameters) takes part in the broadcasts

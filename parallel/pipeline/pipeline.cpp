@@ -5,6 +5,7 @@
 #include <exception>
 #include <numeric>
 #include <sstream>
+#include <unordered_map>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -25,6 +26,22 @@ void check_devices(const std::vector<Device>& devices) {
                devices[i]);
     for (size_t j = 0; j < i; ++j)
       WEFT_CHECK(devices[j] != devices[i], "Pipeline: device ", devices[i], " is given twice");
+  }
+}
+
+// A tensor tied between two stages (nn/module.h, Note [Tied parameters]) would live on one
+// stage's device and take one stage's gradient: the stages would no longer compute the model.
+void check_no_tensor_across_stages(const std::vector<std::shared_ptr<nn::Sequential>>& stages) {
+  std::unordered_map<const TensorImpl*, std::pair<size_t, std::string>> owner;
+  for (size_t k = 0; k < stages.size(); ++k) {
+    nn::NamedTensors tensors = stages[k]->named_parameters();
+    for (auto& entry : stages[k]->named_buffers()) tensors.push_back(entry);
+    for (const auto& [name, t] : tensors) {
+      auto [it, is_new] = owner.try_emplace(t.impl(), k, name);
+      WEFT_CHECK(is_new || it->second.first == k, "Pipeline: '", name, "' of stage ", k, " is the same tensor as '",
+                 it->second.second, "' of stage ", it->second.first, " (tied weights); a pipeline's stages own their "
+                 "tensors: build the model untied (a GPT: GPTConfig::tie_embeddings = false)");
+    }
   }
 }
 
@@ -56,6 +73,7 @@ std::vector<std::shared_ptr<nn::Sequential>> split_stages(const nn::Sequential& 
     }
     out.push_back(std::move(stage));
   }
+  check_no_tensor_across_stages(out);
   return out;
 }
 

@@ -33,6 +33,14 @@ Tensor reference_unary(const Tensor& x, const std::function<double(double)>& f) 
 
 double gelu_ref(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
 
+// PyTorch's approximate='tanh' and its derivative, written from the definition.
+constexpr double kSqrt2OverPi = 0.79788456080286535588;
+double gelu_tanh_ref(double x) { return 0.5 * x * (1 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x))); }
+double gelu_tanh_grad_ref(double x) {
+  const double t = std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kSqrt2OverPi * (1 + 3 * 0.044715 * x * x);
+}
+
 }  // namespace
 
 TEST_CASE("binary ops broadcast and match the reference") {
@@ -90,6 +98,37 @@ TEST_CASE("unary ops match the reference") {
   Tensor big = tensor(std::vector<float>{-1000, 1000});
   CHECK(sigmoid(big).to_vector<float>() == std::vector<float>{0, 1});
   CHECK(std::isnan(clamp(tensor(std::vector<double>{NAN}), 0.0, 1.0).item()));
+}
+
+TEST_CASE("gelu with approximate='tanh': values, gradient kernel and closeness to the exact form") {
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    const double tol = dtype == DType::Float32 ? 1e-6 : 1e-14;
+    Tensor x = test::random({7, 9}, dtype, 21, -6.0, 6.0);
+    CHECK_CLOSE(gelu(x, GeluApproximate::Tanh), reference_unary(x, gelu_tanh_ref), tol, tol);
+    CHECK_CLOSE(gelu(x, GeluApproximate::None), gelu(x), 0, 0);
+    Tensor g = test::random({7, 9}, dtype, 22);
+    CHECK_CLOSE(gelu_backward(g, x, GeluApproximate::Tanh),
+                reference_binary(g, x, [](double gv, double xv) { return gv * gelu_tanh_grad_ref(xv); }), tol, tol);
+    // Non-contiguous and broadcast operands take the strided loops.
+    Tensor xn = test::noncontiguous(x);
+    CHECK_CLOSE(gelu(xn, GeluApproximate::Tanh), reference_unary(xn, gelu_tanh_ref), tol, tol);
+    Tensor g_row = g.select(0, 1);
+    CHECK_CLOSE(gelu_backward(g_row, x, GeluApproximate::Tanh),
+                reference_binary(g_row, x, [](double gv, double xv) { return gv * gelu_tanh_grad_ref(xv); }), tol,
+                tol);
+    // The tanh form is within 5e-4 of the exact one everywhere (its largest gap is 4.7e-4, at x = -2.7).
+    CHECK_CLOSE(gelu(x, GeluApproximate::Tanh), gelu(x), 5e-4, 0);
+  }
+  // Values of torch.nn.functional.gelu(x, approximate='tanh') in float64.
+  Tensor anchors = tensor(std::vector<double>{1.0, -2.0, 0.5, 0.0});
+  CHECK_CLOSE(gelu(anchors, GeluApproximate::Tanh),
+              tensor(std::vector<double>{0.8411919906082768, -0.04540230591222494, 0.34571400982514394, 0.0}), 1e-15,
+              1e-15);
+  // Far tails: x itself above, 0 below, with no overflow in x^3 turning them into NaN.
+  Tensor tails = tensor(std::vector<float>{-30, 30, -1e30f, 1e30f});
+  CHECK(gelu(tails, GeluApproximate::Tanh).to_vector<float>() == std::vector<float>{-0.0f, 30, -0.0f, 1e30f});
+  CHECK_THROWS_WITH_AS(gelu(arange(3), GeluApproximate::Tanh),
+                       Contains("gelu: expected a float32 or float64 tensor, got int64"), Error);
 }
 
 TEST_CASE("NaN propagates as in PyTorch: relu, maximum / minimum, clamp, amax / amin, argmax, max(dim)") {
@@ -193,6 +232,11 @@ TEST_CASE("gradients of elementwise ops") {
   CHECK_GRADCHECK([](const V& in) { return sigmoid(in[0]); }, (V{x}));
   CHECK_GRADCHECK([](const V& in) { return tanh(in[0]); }, (V{x}));
   CHECK_GRADCHECK([](const V& in) { return gelu(in[0]); }, (V{x}));
+  CHECK_GRADCHECK([](const V& in) { return gelu(in[0], GeluApproximate::Tanh); }, (V{x}));
+  Tensor wide = test::leaf({3, 4}, 23, -4.0, 4.0);
+  CHECK_GRADCHECK([](const V& in) { return gelu(in[0], GeluApproximate::Tanh); }, (V{wide}));
+  Tensor wide_strided = test::noncontiguous(wide).requires_grad_();
+  CHECK_GRADCHECK([](const V& in) { return gelu(in[0], GeluApproximate::Tanh); }, (V{wide_strided}));
   CHECK_GRADCHECK([](const V& in) { return pow(in[0], 3.0); }, (V{x}));
   CHECK_GRADCHECK([](const V& in) { return pow(in[0], -0.5); }, (V{pos}));
   CHECK_GRADCHECK([](const V& in) { return clamp(in[0], -0.3, 0.4); }, (V{x}));

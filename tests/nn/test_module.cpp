@@ -322,3 +322,47 @@ TEST_CASE("replica: a BatchNorm2d replica sharing the original's buffers updates
       CHECK_CLOSE(bn.buffer(name), reference->buffer(name), 0, 0);
   }
 }
+
+namespace {
+
+// The weight of `shared` registered again: Note [Tied parameters].
+struct Tied : nn::Cloneable<Tied> {
+  Tied() : Cloneable("Tied") {
+    auto& shared = register_module("shared", std::make_shared<Affine>(3, 3, 4));
+    register_parameter("again", shared.param("weight"));
+  }
+  Tensor forward(const Tensor& x) override { return matmul(child("shared")(x), param("again")); }
+};
+
+}  // namespace
+
+TEST_CASE("a parameter registered twice is listed, saved, cloned, replicated and converted once") {
+  Tied tied;
+  std::vector<std::string> names;
+  for (auto& [name, t] : tied.state_dict()) names.push_back(name);
+  // The first name that reaches it: a module's own entries come before its children's.
+  CHECK(names == std::vector<std::string>{"again", "shared.bias", "shared.calls"});
+  auto same = [](const nn::Module& m) { return m.param("again").is_same(m.child("shared").param("weight")); };
+  CHECK(same(tied));
+  auto copy = tied.clone();
+  CHECK(same(*copy));
+  CHECK_FALSE(copy->param("again").is_same(tied.param("again")));
+  std::vector<Tensor> params;
+  for (const Tensor& p : tied.parameters()) params.push_back(p.detach().clone());
+  auto replica = tied.replica(params, tied.buffers());
+  CHECK(same(*replica));
+  CHECK(replica->param("again").is_same(params[0]));
+  tied.to(DType::Float64);
+  CHECK(same(tied));
+  CHECK(tied.param("again").dtype() == DType::Float64);
+  tied.to(Device("cpu:1"));
+  CHECK(same(tied));
+  CHECK(tied.param("again").device() == Device("cpu:1"));
+  // Its gradient sums both uses: d/dW sum((x W^T) W) against the same with two copies of W.
+  const Tensor x = test::random({2, 3}, DType::Float64, 5).to(Device("cpu:1"));
+  sum(tied(x)).backward();
+  const Tensor w = tied.param("again").detach().clone().requires_grad_(), v = w.detach().clone().requires_grad_();
+  sum(matmul(add(matmul(x, w.t()), tied.child("shared").param("bias").detach()), v)).backward();
+  CHECK_CLOSE(tied.param("again").grad(), add(w.grad(), v.grad()), 1e-12, 0);
+  CHECK(tied.parameters().size() == 2);
+}

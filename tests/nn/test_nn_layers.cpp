@@ -392,6 +392,10 @@ TEST_CASE("ReLU, GELU and Flatten equal their functional ops") {
   CHECK_CLOSE(gelu_layer(x), gelu(x), 0, 0);
   CHECK(relu_layer.repr() == "ReLU()");
   CHECK(gelu_layer.repr() == "GELU(approximate='none')");
+  nn::GELU gelu_tanh_layer(GeluApproximate::Tanh);
+  CHECK_CLOSE(gelu_tanh_layer(x), gelu(x, GeluApproximate::Tanh), 0, 0);
+  CHECK(gelu_tanh_layer.repr() == "GELU(approximate='tanh')");
+  CHECK(gelu_tanh_layer.clone()->repr() == "GELU(approximate='tanh')");
   nn::Flatten flatten;
   CHECK(flatten(x).shape() == Shape{2, 60});
   CHECK_CLOSE(flatten(x), x.reshape({2, 60}), 0, 0);

@@ -582,7 +582,8 @@ TEST_CASE("optimizer errors") {
                          doctest::Contains("SGD: parameter 1 is not a leaf (it was made by MulBackward)"), Error);
     CHECK_THROWS_WITH_AS(Adam({test::random({2}, DType::Float64, 91)}, AdamOptions{}),
                          doctest::Contains("Adam: parameter 0 does not require grad"), Error);
-    CHECK_THROWS_WITH_AS(SGD({}, {0.1}), doctest::Contains("SGD: got an empty parameter list"), Error);
+    CHECK_THROWS_WITH_AS(SGD(std::vector<Tensor>{}, {0.1}), doctest::Contains("SGD: got an empty parameter list"),
+                         Error);
     CHECK_THROWS_WITH_AS(SGD({Tensor()}, {0.1}), doctest::Contains("SGD: parameter 0 is an undefined tensor"), Error);
     CHECK_THROWS_WITH_AS(SGD({w, w}, {0.1}), doctest::Contains("SGD: parameter 1 is the same tensor as parameter 0"),
                          Error);
@@ -727,6 +728,69 @@ TEST_CASE("SequentialLR: linear warm-up then cosine") {
   });
 }
 
+TEST_CASE("WarmupCosineLR: nanoGPT's get_lr, value for value") {
+  // train.py's get_lr, written out as Python evaluates it.
+  auto get_lr = [](double learning_rate, int it, int warmup_iters, int lr_decay_iters, double min_lr) {
+    if (it < warmup_iters) return learning_rate * (it + 1) / (warmup_iters + 1);
+    if (it > lr_decay_iters) return min_lr;
+    double decay_ratio = static_cast<double>(it - warmup_iters) / (lr_decay_iters - warmup_iters);
+    double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * decay_ratio));
+    volatile double product = coeff * (learning_rate - min_lr);  // rounded, as Python rounds it
+    return min_lr + product;
+  };
+  auto opt = sgd_with_lr(6e-4);
+  WarmupCosineLR s(*opt, 10, 50, 6e-5);
+  CHECK(opt->lr() == 6e-4 / 11);  // the rate of the first step
+  for (int step = 0; step <= 60; ++step) {
+    if (step > 0) s.step();
+    CAPTURE(step);
+    CHECK(s.last_epoch() == step);
+    CHECK(s.get_last_lr() == get_lr(6e-4, step, 10, 50, 6e-5));
+    CHECK(opt->lr() == s.get_last_lr());
+  }
+  // Python's values for the same arguments (float.hex() of nanoGPT's get_lr).
+  const std::map<int, double> python = {{0, 0x1.c98f78c1ed4eap-15},  {5, 0x1.572b9a9171fb0p-12},
+                                        {12, 0x1.38d47a29f38fep-11}, {13, 0x1.36a95b32b7fb3p-11},
+                                        {21, 0x1.08f30f37cdbbdp-11}, {31, 0x1.43d12cf63fa6cp-12},
+                                        {44, 0x1.7716d70318166p-14}, {49, 0x1.fe4c69886f8cdp-15}};
+  for (const auto& [step, lr] : python) CHECK(s.lr_at(step) == lr);
+  CHECK(s.lr_at(9) == 6e-4 * 10 / 11);                                      // the end of the warm-up
+  CHECK(s.lr_at(10) == 6e-4);                                               // the peak
+  CHECK(s.lr_at(30) == doctest::Approx((6e-4 + 6e-5) / 2).epsilon(1e-15));  // half way down
+  CHECK(s.lr_at(50) == 6e-5);                                               // the bottom
+  CHECK(s.lr_at(1000) == 6e-5);
+  // No warm-up: the schedule starts at the peak.
+  auto plain = sgd_with_lr(0.1);
+  WarmupCosineLR cosine(*plain, 0, 4);
+  CHECK(plain->lr() == 0.1);
+  CHECK(cosine.lr_at(2) == doctest::Approx(0.05).epsilon(1e-15));
+  CHECK(cosine.lr_at(4) == 0);
+}
+
+TEST_CASE("WarmupCosineLR: resumed from its state, the rates go on as in one run") {
+  auto run = [](int stop_at, const std::map<std::string, double>* sched_state, const OptimizerState* opt_state) {
+    auto opt = sgd_with_lr(0.1);
+    WarmupCosineLR s(*opt, 3, 10, 0.01);
+    if (opt_state) opt->load_state_dict(*opt_state);
+    if (sched_state) s.load_state_dict(*sched_state);
+    std::vector<double> lrs;
+    for (int e = s.last_epoch(); e < stop_at; ++e) {
+      s.step();
+      lrs.push_back(opt->lr());
+    }
+    return std::make_tuple(lrs, s.state_dict(), opt->state_dict());
+  };
+  auto [all, s_all, o_all] = run(14, nullptr, nullptr);
+  auto [first, s_mid, o_mid] = run(2, nullptr, nullptr);  // stopped in the warm-up
+  CHECK(s_mid == std::map<std::string, double>{
+                     {"base_lr", 0.1}, {"decay_steps", 10}, {"last_epoch", 2}, {"min_lr", 0.01}, {"warmup_steps", 3}});
+  CHECK(o_mid.scalars.at("initial_lr") == 0.1);
+  auto [rest, s_end, o_end] = run(14, &s_mid, &o_mid);
+  first.insert(first.end(), rest.begin(), rest.end());
+  CHECK(first == all);
+  CHECK(s_end == s_all);
+}
+
 TEST_CASE("scheduler state round trip, with the optimizer's") {
   auto run = [](int stop_at, const std::map<std::string, double>* sched_state, const OptimizerState* opt_state) {
     auto opt = sgd_with_lr(0.1);
@@ -772,7 +836,22 @@ TEST_CASE("scheduler errors") {
   CHECK_THROWS_WITH_AS(SequentialLR(*opt, {a, b, a}, {4, 4}),
                        doctest::Contains("milestones must be positive and strictly increasing, got 4 at index 1"),
                        Error);
+  CHECK_THROWS_WITH_AS(WarmupCosineLR(*opt, -1, 10),
+                       doctest::Contains("WarmupCosineLR: warmup_steps must be a whole number >= 0, got -1"), Error);
+  CHECK_THROWS_WITH_AS(WarmupCosineLR(*opt, 10, 10),
+                       doctest::Contains("decay_steps must be a whole number > warmup_steps (10), got 10"), Error);
+  CHECK_THROWS_WITH_AS(WarmupCosineLR(*opt, 0, 10, -1e-5),
+                       doctest::Contains("WarmupCosineLR: min_lr must be finite and >= 0, got -1e-05"), Error);
+  WarmupCosineLR warmup_cosine(*opt, 2, 10);
+  std::map<std::string, double> shorter = warmup_cosine.state_dict();
+  shorter["decay_steps"] = 1;
+  CHECK_THROWS_WITH_AS(warmup_cosine.load_state_dict(shorter),
+                       doctest::Contains("decay_steps must be a whole number > warmup_steps (2), got 1"), Error);
   CosineAnnealingLR cosine(*opt, 10);
+  CHECK_THROWS_WITH_AS(cosine.load_state_dict(warmup_cosine.state_dict()),
+                       doctest::Contains("the state was not saved by CosineAnnealingLR (missing T_max, eta_min; "
+                                         "unexpected decay_steps, min_lr, warmup_steps)"),
+                       Error);
   CHECK_THROWS_WITH_AS(cosine.load_state_dict(a->state_dict()),
                        doctest::Contains("CosineAnnealingLR.load_state_dict: the state was not saved by "
                                          "CosineAnnealingLR (missing T_max, eta_min; unexpected gamma, step_size)"),

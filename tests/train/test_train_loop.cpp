@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <unistd.h>
 
 #include "data/dataloader.h"
@@ -63,6 +64,7 @@ struct Run {
 struct RunExtras {
   int64_t checkpoint_every = 0;
   bool cosine = false;  // a CosineAnnealingLR with T_max 4, stepped per epoch
+  bool warmup_cosine = false;  // a WarmupCosineLR (5 steps of warm-up, decay over 24), stepped per step
   bool jitter = false;  // the training samples get per-batch noise (Jittered)
 };
 
@@ -75,6 +77,7 @@ Run make_run(uint64_t init_seed, bool adam, const std::string& checkpoint, std::
   if (adam) r.optimizer = std::make_shared<optim::Adam>(r.model->parameters(), optim::AdamOptions{0.01});
   else r.optimizer = std::make_shared<optim::SGD>(r.model->parameters(), optim::SGDOptions{0.05, 0.9});
   if (extras.cosine) r.scheduler = std::make_shared<optim::CosineAnnealingLR>(*r.optimizer, 4);
+  if (extras.warmup_cosine) r.scheduler = std::make_shared<optim::WarmupCosineLR>(*r.optimizer, 5, 24, 1e-3);
   data::DataLoaderOptions o;
   o.batch_size = 32;
   o.shuffle = true;
@@ -88,6 +91,7 @@ Run make_run(uint64_t init_seed, bool adam, const std::string& checkpoint, std::
   options.checkpoint_path = checkpoint;
   options.checkpoint_every = extras.checkpoint_every;
   options.scheduler = r.scheduler;
+  if (extras.warmup_cosine) options.scheduler_interval = train::SchedulerInterval::Step;
   options.log = &log;
   nn::CrossEntropyLoss loss;
   r.loop = std::make_unique<train::TrainLoop>(r.model, train, nullptr, test, r.optimizer,
@@ -246,6 +250,45 @@ TEST_CASE("a run stopped at a mid-epoch checkpoint and resumed in a fresh loop e
     std::filesystem::remove(straight);
     std::filesystem::remove(stopped);
   }
+}
+
+TEST_CASE("a per-step schedule stopped at a mid-epoch checkpoint and resumed goes on at the next step") {
+  // 8 steps an epoch, a checkpoint every 3: the stop comes 96 samples (3 steps) into epoch 2,
+  // after 11 steps of the schedule.
+  std::ostringstream log, resumed_log;
+  const RunExtras extras{.checkpoint_every = 3, .warmup_cosine = true};
+  const std::string straight = scratch("step_straight.safetensors"), stopped = scratch("step_stopped.safetensors");
+  Run a = make_run(7, true, straight, log, extras);
+  a.loop->fit(3);
+  CHECK(a.scheduler->last_epoch() == 24);
+  CHECK(a.optimizer->lr() == 1e-3);  // the schedule's end: min_lr
+  // Each epoch's line gives the rate of its last step: step 7 of the schedule (0-based) for
+  // epoch 1, the cosine's last step 23 for epoch 3.
+  std::ostringstream want1, want3;
+  want1 << "lr " << std::setprecision(6) << a.scheduler->lr_at(7) << ",";
+  want3 << "lr " << std::setprecision(6) << a.scheduler->lr_at(23) << ",";
+  CHECK(log.str().find("epoch 1/3: ") != std::string::npos);
+  CHECK(log.str().find(want1.str()) != std::string::npos);
+  CHECK(log.str().find(want3.str()) != std::string::npos);
+
+  Run b = make_run(7, true, stopped, log, extras);
+  b.loop->add_callback(std::make_shared<StopAt>(1, 96));
+  b.loop->fit(3);
+  CHECK(b.scheduler->last_epoch() == 11);
+  CHECK(load_safetensors_metadata(stopped).at("scheduler.last_epoch") == "11");
+  b = Run();
+
+  Run c = make_run(8, true, stopped, resumed_log, extras);
+  c.loop->resume(stopped);
+  CHECK(c.scheduler->last_epoch() == 11);
+  CHECK(c.optimizer->lr() == c.scheduler->lr_at(11));
+  c.loop->fit(3);
+  CHECK(c.scheduler->last_epoch() == 24);
+  auto pa = a.model->parameters(), pc = c.model->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) CHECK_CLOSE(pc[i], pa[i], 0, 0);
+  CHECK(file_bytes(stopped) == file_bytes(straight));
+  std::filesystem::remove(straight);
+  std::filesystem::remove(stopped);
 }
 
 TEST_CASE("a mid-epoch checkpoint resumed in another sample order says so") {

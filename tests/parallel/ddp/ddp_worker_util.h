@@ -26,10 +26,15 @@ inline void fail(const std::string& what) {
   ++failures;
 }
 
+// "gpt": a small GPT with its tied embedding (nn/models/gpt.h); its samples are token windows.
 inline std::shared_ptr<nn::Module> make_model(const std::string& name) {
   Generator gen(7);
   std::shared_ptr<nn::Module> m;
   if (name == "convnet") m = std::make_shared<nn::ConvNet>(10, &gen);
+  else if (name == "gpt")
+    m = std::make_shared<nn::GPT>(nn::GPTConfig{.vocab_size = 13, .block_size = 6, .n_layer = 2, .n_head = 2,
+                                                .n_embd = 8},
+                                  TensorOptions{}, &gen);
   else if (name == "resnet") m = std::make_shared<nn::ResNet>(1, 10, std::vector<int64_t>{1, 1, 1}, &gen);
   else if (name == "linear") m = std::make_shared<nn::Linear>(20, 10, true, TensorOptions{}, &gen);  // 2 parameters
   else m = std::make_shared<nn::MLP>(20, std::vector<int64_t>{16, 12}, 10, 0.0, &gen);
@@ -39,12 +44,21 @@ inline std::shared_ptr<nn::Module> make_model(const std::string& name) {
   return m;
 }
 
+// A GPT's is empty: batch() makes token windows for it.
 inline Shape sample_shape(const std::string& model) {
+  if (model == "gpt") return Shape{};
   return model == "mlp" || model == "linear" ? Shape{20} : model == "resnet" ? Shape{1, 12, 12} : Shape{1, 28, 28};
 }
 
-// "sgd" (with momentum) or "adam"; "zero-sgd" and "zero-adam": the same sharded over the
-// default group by a ZeroRedundancyOptimizer (every rank must make it at the same point).
+// What a model's training minimises: a GPT's next-token loss, the classifiers' cross-entropy.
+inline Tensor model_loss(const std::string& model, const Tensor& output, const Tensor& target) {
+  return model == "gpt" ? nn::next_token_loss(output, target) : cross_entropy(output, target);
+}
+
+// "sgd" (with momentum), "adam" or "adamw-groups" (nanoGPT's: matrices decay, the rest does
+// not; the groups keep the order of `params`); "zero-sgd", "zero-adam" and
+// "zero-adamw-groups": the same sharded over the default group by a ZeroRedundancyOptimizer
+// (every rank must make it at the same point).
 inline std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& name, const std::vector<Tensor>& params) {
   if (name.rfind("zero-", 0) == 0) {
     const std::string plain = name.substr(5);
@@ -52,6 +66,12 @@ inline std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& name,
         params, [plain](std::vector<Tensor> shard) { return make_optimizer(plain, shard); });
   }
   if (name == "adam") return std::make_shared<optim::Adam>(params, optim::AdamOptions{0.01});
+  if (name == "adamw-groups") {
+    std::vector<std::pair<std::string, Tensor>> named;
+    for (const Tensor& p : params) named.emplace_back(std::to_string(named.size()), p);
+    return std::make_shared<optim::AdamW>(optim::restrict_groups(optim::weight_decay_groups(named, 0.1), params),
+                                          optim::AdamWOptions(0.01, {0.9, 0.95}));
+  }
   return std::make_shared<optim::SGD>(params, optim::SGDOptions{0.05, 0.9});
 }
 // The optimizer a single-process reference uses for `name`: without "zero-".
@@ -59,6 +79,11 @@ inline std::string unsharded(const std::string& name) { return name.rfind("zero-
 
 // The global batch of step s: ranks * per_rank samples.
 inline std::pair<Tensor, Tensor> batch(int step, int64_t rows, const Shape& sample) {
+  if (sample.empty()) {  // a GPT's: token windows of 6, next-token targets
+    Generator gen(1000 + step);
+    return {randint(0, 13, {rows, 6}, DType::Int64, &gen).to(device()),
+            randint(0, 13, {rows, 6}, DType::Int64, &gen).to(device())};
+  }
   Generator gen(1000 + step);
   Shape shape = sample;
   shape.insert(0, rows);
@@ -74,10 +99,10 @@ inline void train_side_by_side(nn::Module& reference, optim::Optimizer& opt_ref,
   for (int step = 0; step < steps; ++step) {
     auto [x, y] = batch(step, world * b, sample_shape(model));
     opt_ref.zero_grad();
-    cross_entropy(reference.forward(x), y).backward();
+    model_loss(model, reference.forward(x), y).backward();
     opt_ref.step();
     opt_ddp.zero_grad();
-    cross_entropy(ddp(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b)).backward();
+    model_loss(model, ddp(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b)).backward();
     opt_ddp.step();
   }
 }

@@ -47,7 +47,7 @@ void ddp_step(DistributedDataParallel& ddp, optim::Optimizer& optimizer, const s
   const int rank = parallel::get_rank(), world = parallel::get_world_size();
   auto [x, y] = batch(step, world * b, sample_shape(model));
   optimizer.zero_grad();
-  cross_entropy(ddp(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b)).backward();
+  model_loss(model, ddp(x.narrow(0, rank * b, b)), y.narrow(0, rank * b, b)).backward();
   optimizer.step();
 }
 

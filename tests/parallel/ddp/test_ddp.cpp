@@ -41,7 +41,8 @@ const std::string worker = WEFT_DDP_WORKER;
 
 }  // namespace
 
-TEST_CASE("DDP over 2 and 3 ranks equals one process on the whole batch: MLP, ConvNet, ResNet, SGD and Adam") {
+TEST_CASE("DDP over 2 and 3 ranks equals one process on the whole batch: MLP, ConvNet, ResNet, GPT, SGD, Adam "
+          "and AdamW with decay groups") {
   if (test::skip_without_gloo()) return;
   for (int world : {2, 3}) {
     CAPTURE(world);
@@ -51,6 +52,7 @@ TEST_CASE("DDP over 2 and 3 ranks equals one process on the whole batch: MLP, Co
   test::check_all_ok(test::run_ranks({worker, "equivalence", "mlp", "sgd", "views"}, 2, std::chrono::seconds(120)));
   test::check_all_ok(test::run_ranks({worker, "equivalence", "convnet", "sgd"}, 2, std::chrono::seconds(180)));
   test::check_all_ok(test::run_ranks({worker, "equivalence", "resnet", "adam"}, 3, std::chrono::seconds(180)));
+  test::check_all_ok(test::run_ranks({worker, "equivalence", "gpt", "adamw-groups"}, 2, std::chrono::seconds(120)));
 }
 
 TEST_CASE("DDP communication hooks: fp16 and bf16 compression round each gradient as they say, and still train") {

@@ -40,7 +40,10 @@ TEST_CASE("ZeroRedundancyOptimizer under DDP equals the plain optimizer bit for 
     test::check_all_ok(test::run_ranks({worker, "zero", "mlp", "adam"}, world, std::chrono::seconds(120)));
     test::check_all_ok(test::run_ranks({worker, "zero", "mlp", "sgd"}, world, std::chrono::seconds(120)));
   }
+  // nanoGPT's AdamW: each shard's parameters keep their group's weight decay.
+  test::check_all_ok(test::run_ranks({worker, "zero", "mlp", "adamw-groups"}, 3, std::chrono::seconds(120)));
   test::check_all_ok(test::run_ranks({worker, "zero", "convnet", "adam"}, 2, std::chrono::seconds(180)));
+  test::check_all_ok(test::run_ranks({worker, "zero", "gpt", "adamw-groups"}, 2, std::chrono::seconds(120)));
   test::check_all_ok(test::run_ranks({worker, "zero", "resnet", "sgd"}, 3, std::chrono::seconds(180)));
   // Two parameters over three ranks: the last owns none and only takes part in the broadcasts.
   auto outcomes = test::run_ranks({worker, "zero", "linear", "adam"}, 3, std::chrono::seconds(120));
@@ -52,6 +55,8 @@ TEST_CASE("ZeroRedundancyOptimizer: the consolidated state is the plain optimize
   if (test::skip_without_gloo()) return;
   test::check_all_ok(test::run_ranks({worker, "zero_checkpoint", "mlp", "adam"}, 2, std::chrono::seconds(120)));
   test::check_all_ok(test::run_ranks({worker, "zero_checkpoint", "mlp", "sgd"}, 3, std::chrono::seconds(120)));
+  test::check_all_ok(
+      test::run_ranks({worker, "zero_checkpoint", "mlp", "adamw-groups"}, 2, std::chrono::seconds(120)));
   // Gathered on a rank that owns nothing.
   test::check_all_ok(test::run_ranks({worker, "zero_checkpoint", "linear", "adam"}, 3, std::chrono::seconds(120)));
 }
@@ -100,6 +105,52 @@ TEST_CASE("ZeroRedundancyOptimizer in a group of one is its shard optimizer, lea
     CHECK(mine.tensors[k].first == theirs.tensors[k].first);
     CHECK(mine.tensors[k].second.to_vector<double>() == theirs.tensors[k].second.to_vector<double>());
   }
+}
+
+TEST_CASE("ZeroRedundancyOptimizer over AdamW with weight-decay groups is the grouped AdamW, state included") {
+  if (test::skip_without_gloo()) return;
+  auto group = test::solo_group();
+  const std::vector<Shape> shapes{{3, 4}, {4}, {2, 2}, {3}};
+  std::vector<Tensor> a = make_params(5, shapes), b = make_params(5, shapes);
+  auto named = [](const std::vector<Tensor>& params) {
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (size_t i = 0; i < params.size(); ++i) out.emplace_back(std::to_string(i), params[i]);
+    return out;
+  };
+  const std::vector<optim::ParamGroup> groups_a = optim::weight_decay_groups(named(a), 0.1);
+  const std::vector<optim::ParamGroup> groups_b = optim::weight_decay_groups(named(b), 0.1);
+  optim::AdamW plain(groups_a, optim::AdamWOptions(0.05));
+  auto grouped_shard = [groups_b](std::vector<Tensor> shard) {
+    return std::make_shared<optim::AdamW>(optim::restrict_groups(groups_b, shard), optim::AdamWOptions(0.05));
+  };
+  const std::vector<Tensor> order_a = optim::params_of(groups_a), order_b = optim::params_of(groups_b);
+  ZeroRedundancyOptimizer zero(order_b, grouped_shard, group);
+  Generator gen(6);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < order_a.size(); ++i) {
+      Tensor g = randn(order_a[i].shape(), TensorOptions(DType::Float64), &gen);
+      Tensor(order_a[i]).set_grad(g.clone());
+      Tensor(order_b[i]).set_grad(g.clone());
+    }
+    plain.step();
+    zero.step();
+  }
+  for (size_t i = 0; i < order_a.size(); ++i) CHECK(order_b[i].to_vector<double>() == order_a[i].to_vector<double>());
+  zero.consolidate_state_dict(0);
+  const optim::OptimizerState mine = zero.state_dict(), theirs = plain.state_dict();
+  CHECK(mine.scalars == theirs.scalars);
+  CHECK(mine.scalars.at("3.weight_decay") == 0.0);
+  zero.load_state_dict(theirs);
+  // A ZeRO over an AdamW without groups refuses the grouped state, naming the parameter.
+  const std::vector<Tensor> flat = optim::params_of(optim::weight_decay_groups(named(make_params(5, shapes)), 0.1));
+  auto plain_shard = [](std::vector<Tensor> shard) {
+    return std::make_shared<optim::AdamW>(std::move(shard), optim::AdamWOptions(0.05));
+  };
+  ZeroRedundancyOptimizer flat_adamw(flat, plain_shard, group);
+  CHECK_THROWS_WITH_AS(flat_adamw.load_state_dict(theirs),
+                       Contains("rank 0's shard refused the state: AdamW.load_state_dict: the state gives parameter 0 "
+                                "a weight decay of its own"),
+                       Error);
 }
 
 TEST_CASE("ZeroRedundancyOptimizer: bad parameters, factories and states are errors that say what is wrong") {

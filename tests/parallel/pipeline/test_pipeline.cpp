@@ -1,7 +1,7 @@
 // Pipelines on logical CPU devices: the built-in schedules' tables against hand-written
 // ones and their bubbles against the theory, the validator's rejections, equivalence with
 // one device (2, 3 and 4 stages, 1, 4 and 7 micro-batches, every schedule, 20 steps; an
-// MLP, ConvNet and ResNet as Sequentials), activation memory bounded by the micro-batches
+// MLP, ConvNet, ResNet and GPT as Sequentials), activation memory bounded by the micro-batches
 // in flight, plain model parallelism (one model's layers split over two devices), errors
 // that name the stage, state_dict names, one trace span per action, the headers sent ahead of
 // tensors, and the multi-process form (ranks started as processes, pipeline_worker.cpp)
@@ -9,13 +9,16 @@
 #include "test_util.h"
 
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <utility>
 
 #include "core/allocator.h"
 #include "core/trace.h"
 #include "nn/activation.h"
 #include "nn/linear.h"
 #include "nn/models/convnet.h"
+#include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "nn/sequential.h"
 #include "parallel/pipeline/distributed_pipeline.h"
@@ -34,10 +37,13 @@ namespace {
 
 Tensor cross_entropy_loss(const Tensor& output, const Tensor& target) { return cross_entropy(output, target); }
 
+// Step s's batch (input, target).
+using BatchOf = std::function<std::pair<Tensor, Tensor>(int step)>;
+
 // Trains `reference` on cpu:0 and a copy of it as a pipeline, from the same weights on the
 // same batches, and compares the losses at every step and the parameters at the end.
-void check_equivalent(const std::shared_ptr<nn::Sequential>& reference, PipelineOptions options, const Shape& sample,
-                      int64_t batch, int steps, double tol) {
+void check_equivalent(const std::shared_ptr<nn::Sequential>& reference, PipelineOptions options,
+                      const BatchOf& batch_of, const nn::Criterion& criterion, int steps, double tol) {
   CAPTURE(options.schedule);
   CAPTURE(options.devices.size());
   CAPTURE(options.virtual_stages);
@@ -46,20 +52,16 @@ void check_equivalent(const std::shared_ptr<nn::Sequential>& reference, Pipeline
   Pipeline pipe(copy, options);
   optim::SGD sgd_ref(reference->parameters(), optim::SGDOptions{0.05, 0.9});
   optim::SGD sgd_pipe(pipe.parameters(), optim::SGDOptions{0.05, 0.9});
-  Shape shape = sample;
-  shape.insert(0, batch);
   for (int s = 0; s < steps; ++s) {
-    Generator gen(1000 + s);
-    Tensor x = randn(shape, TensorOptions(reference->parameters()[0].dtype()), &gen);
-    Tensor y = randint(0, 10, {batch}, DType::Int64, &gen);
+    const auto [x, y] = batch_of(s);
     sgd_ref.zero_grad();
     Tensor out = reference->forward(x);
-    Tensor expected_loss = cross_entropy(out, y);
+    Tensor expected_loss = criterion(out, y);
     expected_loss.backward();
     sgd_ref.step();
 
     sgd_pipe.zero_grad();
-    StepResult result = pipe.step(x, y, cross_entropy_loss);
+    StepResult result = pipe.step(x, y, criterion);
     sgd_pipe.step();
     CHECK(result.loss.device() == options.devices[(pipe.num_stages() - 1) % options.devices.size()]);
     CHECK_CLOSE(result.loss.to(kCPU), expected_loss.detach(), tol, tol);
@@ -72,6 +74,20 @@ void check_equivalent(const std::shared_ptr<nn::Sequential>& reference, Pipeline
     CHECK(actual[i].first == expected[i].first);
     CHECK_CLOSE(actual[i].second.to(kCPU), expected[i].second, tol, tol);
   }
+}
+
+// Batches of `batch` samples shaped `sample` (normal, the parameters' dtype) with class targets.
+void check_equivalent(const std::shared_ptr<nn::Sequential>& reference, PipelineOptions options, const Shape& sample,
+                      int64_t batch, int steps, double tol) {
+  Shape shape = sample;
+  shape.insert(0, batch);
+  const DType dtype = reference->parameters()[0].dtype();
+  auto batch_of = [&](int s) {
+    Generator gen(1000 + s);
+    Tensor x = randn(shape, TensorOptions(dtype), &gen);
+    return std::pair(x, randint(0, 10, {batch}, DType::Int64, &gen));
+  };
+  check_equivalent(reference, std::move(options), batch_of, cross_entropy_loss, steps, tol);
 }
 
 // A schedule's rank r actions, without communication, from compact text: "F0 F1 B0 B1".
@@ -201,6 +217,24 @@ TEST_CASE("pipeline: ConvNet and ResNet as Sequentials, with balance; BatchNorm 
   resnet->to(DType::Float64);
   check_equivalent(resnet->as_sequential(), {.devices = test::cpu_devices(3), .micro_batches = 1, .schedule = "gpipe"},
                    {1, 8, 8}, 4, 3, 1e-10);
+}
+
+TEST_CASE("pipeline: a GPT split between its blocks, every schedule, equals one device") {
+  // Untied: the embedding (stage 0) and the head (the last stage) cannot share a weight.
+  const nn::GPTConfig config{.vocab_size = 13, .block_size = 6, .n_layer = 3, .n_head = 2, .n_embd = 8,
+                             .tie_embeddings = false};
+  auto batch_of = [](int s) {
+    Generator gen(2000 + s);
+    return std::pair(randint(0, 13, {6, 6}, DType::Int64, &gen), randint(0, 13, {6, 6}, DType::Int64, &gen));
+  };
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
+    Generator gen(21);
+    auto gpt = std::make_shared<nn::GPT>(config, DType::Float64, &gen);
+    const bool interleaved = std::string(schedule) == "interleaved";
+    PipelineOptions options{.devices = test::cpu_devices(2), .micro_batches = interleaved ? 2 : 3,
+                            .schedule = schedule, .virtual_stages = interleaved ? 2 : 1};
+    check_equivalent(gpt->as_sequential(), options, batch_of, nn::next_token_loss, 5, 1e-10);
+  }
 }
 
 TEST_CASE("pipeline: activations held per stage are bounded by the micro-batches in flight") {
