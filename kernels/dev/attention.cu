@@ -438,7 +438,9 @@ namespace {
 
 using weft::dev::AttentionShape;
 using weft::dev::DeviceBuffer;
+using weft::dev::download;
 using weft::dev::random_uniform;
+using weft::dev::upload;
 
 // |out - ref| <= kRtol * sum_j p_j |v_je|, with ref and p in float64. Both products are
 // float32 sums of at most S terms whose rounding errors have random signs, and the scores'
@@ -480,17 +482,6 @@ int64_t count_wrong_rows(const AttentionShape& s, const std::vector<float>& q, c
       if (!(std::fabs(oi[e] - ref[e]) <= kRtol * bound[e])) ++wrong;
   }
   return wrong;
-}
-
-void upload(float* dst, const std::vector<float>& src, cudaStream_t stream) {
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-}
-
-std::vector<float> download(const float* src, size_t count, cudaStream_t stream) {
-  std::vector<float> dst(count);
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return dst;
 }
 
 // A plain cuBLAS handle bound to `stream`, float32 without TF32.

@@ -64,6 +64,19 @@ class DeviceBuffer {
   size_t count_;
 };
 
+// Host <-> device copies on the kernels' stream, so that they are ordered with the launches;
+// download waits for its copy.
+inline void upload(float* dst, const std::vector<float>& src, cudaStream_t stream) {
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+}
+
+inline std::vector<float> download(const float* src, size_t count, cudaStream_t stream) {
+  std::vector<float> dst(count);
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return dst;
+}
+
 // Median GPU time in milliseconds of `launch()` on `stream`, after `warmup` untimed calls.
 template <class Launch>
 double median_ms(cudaStream_t stream, int warmup, int reps, Launch&& launch) {

@@ -315,7 +315,9 @@ RawCublasHandle::~RawCublasHandle() {
 namespace {
 
 using weft::dev::DeviceBuffer;
+using weft::dev::download;
 using weft::dev::random_uniform;
+using weft::dev::upload;
 
 // |C - ref| <= kRtol * sum_k |A_ik B_kj|, with ref accumulated in float64. A float32 dot
 // product of K terms errs by about 2^-24 of that sum (rounding errors of random sign);
@@ -349,18 +351,6 @@ int64_t count_wrong_rows(const std::vector<float>& A, const std::vector<float>& 
 
 // Runs one rung (or cuBLAS) on fresh device copies of A and B and returns C; C starts as
 // NaN so that an element a kernel forgets to write is caught.
-// Copies run on the kernels' stream, so that they are ordered with the launches.
-void upload(float* dst, const std::vector<float>& src, cudaStream_t stream) {
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-}
-
-std::vector<float> download(const float* src, size_t count, cudaStream_t stream) {
-  std::vector<float> dst(count);
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return dst;
-}
-
 template <class Run>
 std::vector<float> run_once(int M, int N, const std::vector<float>& A, const std::vector<float>& B, cudaStream_t stream,
                             Run&& run) {
